@@ -1,0 +1,303 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// ErrCommandTimeout is matched (errors.Is) by the error Exec returns when the
+// agent killed the command at its timeout_seconds.
+var ErrCommandTimeout = errors.New("command timed out")
+
+// ErrFileNotFound is matched by errors from file calls on a missing path.
+var ErrFileNotFound = errors.New("file not found")
+
+// ExecError is an error frame received from the agent's exec stream.
+type ExecError struct {
+	Type    string // protocol.Err* (CommandTimeout, CommandNotFound, ...)
+	Message string
+}
+
+func (e *ExecError) Error() string { return fmt.Sprintf("agent exec: %s: %s", e.Type, e.Message) }
+
+// Is makes errors.Is(err, ErrCommandTimeout) work for timeout frames.
+func (e *ExecError) Is(target error) bool {
+	return target == ErrCommandTimeout && e.Type == protocol.ErrCommandTimeout
+}
+
+// HTTPError is a non-success answer from the agent, with its protocol error
+// body when it had one.
+type HTTPError struct {
+	Status  int
+	Kind    string // detail.error, e.g. FileNotFound, WriteError
+	Message string
+}
+
+func (e *HTTPError) Error() string {
+	return fmt.Sprintf("agent: HTTP %d: %s: %s", e.Status, e.Kind, e.Message)
+}
+
+// Is makes errors.Is(err, ErrFileNotFound) work for 404s.
+func (e *HTTPError) Is(target error) bool {
+	return target == ErrFileNotFound && (e.Status == http.StatusNotFound || e.Kind == errKindFileNotFound)
+}
+
+// Client is the daemon's connection to one sandbox's agent. It keeps
+// connections alive, so repeated calls cost one round trip each. Safe for
+// concurrent use.
+type Client struct {
+	base  string // http://addr
+	ws    string // ws://addr
+	auth  string
+	httpc *http.Client
+}
+
+// dialTimeout bounds one TCP connect to the agent; inside a host-local
+// network namespace a connect either succeeds or is refused within
+// microseconds, so a longer wait means the address is not up yet.
+const dialTimeout = 500 * time.Millisecond
+
+// NewClient returns a client for the agent listening on addr ("ip:port")
+// that authenticates with token.
+func NewClient(addr, token string) *Client {
+	d := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
+	tr := &http.Transport{
+		Proxy:               nil, // never route sandbox traffic through a host proxy
+		DialContext:         d.DialContext,
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+	return &Client{
+		base:  "http://" + addr,
+		ws:    "ws://" + addr,
+		auth:  "Bearer " + token,
+		httpc: &http.Client{Transport: tr},
+	}
+}
+
+// Close releases idle connections.
+func (c *Client) Close() { c.httpc.CloseIdleConnections() }
+
+// Health checks that the agent answers and accepts the token.
+func (c *Client) Health(ctx context.Context) error {
+	resp, err := c.do(ctx, http.MethodGet, "/v1/health", nil, nil, nil)
+	if err != nil {
+		return err
+	}
+	defer drain(resp)
+	return checkStatus(resp, http.StatusOK)
+}
+
+// WaitReady polls Health every interval until it succeeds or ctx ends. It is
+// on the sandbox-create hot path: use a small interval (2–5 ms).
+func (c *Client) WaitReady(ctx context.Context, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		actx, cancel := context.WithTimeout(ctx, 250*time.Millisecond)
+		err := c.Health(actx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		var he *HTTPError
+		if errors.As(err, &he) && he.Status == http.StatusUnauthorized {
+			return err // retrying cannot fix a wrong token
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent: not ready: %w (last error: %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+	}
+}
+
+// DialExec opens a raw exec WebSocket, for relaying a client's frames. The
+// caller sends the first frame and owns the connection.
+func (c *Client) DialExec(ctx context.Context) (*websocket.Conn, error) {
+	conn, resp, err := websocket.Dial(ctx, c.ws+"/v1/exec", &websocket.DialOptions{
+		HTTPClient: c.httpc,
+		HTTPHeader: http.Header{TokenHeader: {c.auth}},
+	})
+	if err != nil {
+		if resp != nil && resp.StatusCode == http.StatusUnauthorized {
+			return nil, &HTTPError{Status: resp.StatusCode, Kind: "Unauthorized", Message: "invalid agent token"}
+		}
+		return nil, fmt.Errorf("agent: dial exec: %w", err)
+	}
+	conn.SetReadLimit(maxClientFrame)
+	return conn, nil
+}
+
+// Exec runs one command to completion, copying its output to stdout and
+// stderr (either may be nil), and returns its exit code. req.Type is set to
+// execute. An error frame becomes an *ExecError (errors.Is
+// ErrCommandTimeout for timeouts).
+func (c *Client) Exec(ctx context.Context, req protocol.ExecFrame, stdout, stderr io.Writer) (int, error) {
+	conn, err := c.DialExec(ctx)
+	if err != nil {
+		return -1, err
+	}
+	defer conn.CloseNow()
+	req.Type = protocol.FrameExecute
+	if err := writeFrame(ctx, conn, req); err != nil {
+		return -1, fmt.Errorf("agent: exec: %w", err)
+	}
+	// A caller giving up must not leave the command running until its idle
+	// timeout: send kill on the way out.
+	stop := context.AfterFunc(ctx, func() {
+		kctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		writeFrame(kctx, conn, protocol.ExecFrame{Type: protocol.FrameKill})
+	})
+	defer stop()
+	for {
+		f, err := readFrame(ctx, conn)
+		if err != nil {
+			return -1, fmt.Errorf("agent: exec: %w", err)
+		}
+		var w io.Writer
+		switch f.Type {
+		case protocol.FrameStdout:
+			w = stdout
+		case protocol.FrameStderr:
+			w = stderr
+		case protocol.FrameExit:
+			conn.Close(websocket.StatusNormalClosure, "")
+			if f.ExitCode == nil {
+				return -1, nil
+			}
+			return *f.ExitCode, nil
+		case protocol.FrameError:
+			return -1, &ExecError{Type: f.ErrorType, Message: f.Error}
+		}
+		if w != nil {
+			if _, err := io.WriteString(w, f.Data); err != nil {
+				return -1, fmt.Errorf("agent: exec: write output: %w", err)
+			}
+		}
+	}
+}
+
+// WriteFile streams r into path (parents created), replacing it atomically.
+func (c *Client) WriteFile(ctx context.Context, path string, mode os.FileMode, r io.Reader) error {
+	q := url.Values{"path": {path}, "mode": {strconv.FormatUint(uint64(mode.Perm()), 8)}}
+	resp, err := c.do(ctx, http.MethodPut, "/v1/files", q, nil, r)
+	if err != nil {
+		return err
+	}
+	defer drain(resp)
+	return checkStatus(resp, http.StatusNoContent)
+}
+
+// OpenFile GETs path with the caller's headers (Range, If-Range,
+// If-None-Match, ...) and returns the response whatever its status, for the
+// daemon to relay; the caller closes the body.
+func (c *Client) OpenFile(ctx context.Context, path string, hdr http.Header) (*http.Response, error) {
+	return c.do(ctx, http.MethodGet, "/v1/files", url.Values{"path": {path}}, hdr, nil)
+}
+
+// HeadFile is OpenFile with HEAD: headers (size, ETag, Last-Modified) only.
+func (c *Client) HeadFile(ctx context.Context, path string, hdr http.Header) (*http.Response, error) {
+	return c.do(ctx, http.MethodHead, "/v1/files", url.Values{"path": {path}}, hdr, nil)
+}
+
+// Stat describes path.
+func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
+	var fi FileInfo
+	err := c.getJSON(ctx, http.MethodGet, "/v1/stat", url.Values{"path": {path}}, nil, &fi)
+	return fi, err
+}
+
+// Glob lists entries under req.Path matching req.Pattern.
+func (c *Client) Glob(ctx context.Context, req GlobRequest) (GlobResult, error) {
+	var res GlobResult
+	err := c.getJSON(ctx, http.MethodPost, "/v1/glob", nil, req, &res)
+	return res, err
+}
+
+// Grep finds lines containing req.Pattern under req.Path.
+func (c *Client) Grep(ctx context.Context, req GrepRequest) (GrepResult, error) {
+	var res GrepResult
+	err := c.getJSON(ctx, http.MethodPost, "/v1/grep", nil, req, &res)
+	return res, err
+}
+
+// getJSON sends body (if any) as JSON and decodes a 200 answer into out.
+func (c *Client) getJSON(ctx context.Context, method, path string, q url.Values, body, out any) error {
+	var r io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return fmt.Errorf("agent: encode %s: %w", path, err)
+		}
+		r = bytes.NewReader(b)
+	}
+	resp, err := c.do(ctx, method, path, q, nil, r)
+	if err != nil {
+		return err
+	}
+	defer drain(resp)
+	if err := checkStatus(resp, http.StatusOK); err != nil {
+		return err
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("agent: decode %s: %w", path, err)
+	}
+	return nil
+}
+
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, hdr http.Header, body io.Reader) (*http.Response, error) {
+	u := c.base + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %s %s: %w", method, path, err)
+	}
+	for k, vs := range hdr {
+		req.Header[k] = append([]string(nil), vs...)
+	}
+	req.Header.Set(TokenHeader, c.auth)
+	resp, err := c.httpc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %s %s: %w", method, path, err)
+	}
+	return resp, nil
+}
+
+// checkStatus turns an unexpected status into an *HTTPError.
+func checkStatus(resp *http.Response, want int) error {
+	if resp.StatusCode == want {
+		return nil
+	}
+	e := &HTTPError{Status: resp.StatusCode}
+	var body protocol.ErrorBody
+	if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&body) == nil {
+		e.Kind, e.Message = body.Detail.Error, body.Detail.Message
+	}
+	return e
+}
+
+// drain reads a little of what is left so the connection can be reused,
+// then closes the body.
+func drain(resp *http.Response) {
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+}

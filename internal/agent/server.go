@@ -1,0 +1,189 @@
+package agent
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// stopGrace is how long PID 1 waits for processes to exit after forwarding
+// SIGTERM.
+const stopGrace = 5 * time.Second
+
+// defaultBufMax bounds each output stream's replay window per session.
+const defaultBufMax = 16 << 20
+
+// Server is the agent's HTTP API: health, exec WebSocket, files and search.
+// Every request must carry the token it was created with. A Server owns the
+// sessions of the commands it starts; Close kills them.
+type Server struct {
+	token    []byte
+	log      *slog.Logger
+	reaper   *reaper
+	sessions *sessionTable
+	baseEnv  []string
+	root     string
+	mux      *http.ServeMux
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithLogger sets the logger (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
+
+// WithBaseEnv sets the environment every command starts from (default: the
+// agent's own environment). TokenEnv is always removed.
+func WithBaseEnv(env []string) Option { return func(s *Server) { s.baseEnv = env } }
+
+// WithReapAll makes the Server collect the exit status of every child of the
+// process, not just the commands it started. Set it when the agent is PID 1
+// (or a child subreaper) and call Reap; without it, orphans stay zombies.
+func WithReapAll() Option { return func(s *Server) { s.reaper = newReaper(true) } }
+
+// WithOutputBuffer sets how many bytes of each output stream a session keeps
+// for replay (default 16 MiB).
+func WithOutputBuffer(n int) Option { return func(s *Server) { s.sessions = newSessionTable(n) } }
+
+// NewServer returns a Server accepting only requests bearing token.
+func NewServer(token string, opts ...Option) (*Server, error) {
+	if token == "" {
+		return nil, errors.New("agent: empty token")
+	}
+	s := &Server{
+		token:    []byte(token),
+		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		reaper:   newReaper(false),
+		sessions: newSessionTable(defaultBufMax),
+		baseEnv:  os.Environ(),
+		root:     "/",
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	s.mux = http.NewServeMux()
+	s.mux.HandleFunc("GET /v1/health", s.handleHealth)
+	s.mux.HandleFunc("GET /v1/exec", s.handleExec)
+	s.mux.HandleFunc("GET /v1/files", s.handleReadFile) // also serves HEAD
+	s.mux.HandleFunc("PUT /v1/files", s.handleWriteFile)
+	s.mux.HandleFunc("GET /v1/stat", s.handleStat)
+	s.mux.HandleFunc("POST /v1/glob", s.handleGlob)
+	s.mux.HandleFunc("POST /v1/grep", s.handleGrep)
+	return s, nil
+}
+
+// ServeHTTP authenticates the request and routes it.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	got, ok := strings.CutPrefix(r.Header.Get(TokenHeader), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(got), s.token) != 1 {
+		writeError(w, http.StatusUnauthorized, "Unauthorized", "missing or invalid agent token")
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// Reap collects child exit statuses until ctx ends; only meaningful with
+// WithReapAll.
+func (s *Server) Reap(ctx context.Context) { s.reaper.run(ctx) }
+
+// Close kills every running command.
+func (s *Server) Close() { s.sessions.killAll() }
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+}
+
+// Run is `cubicle agent`: it serves on addr until ctx ends or SIGTERM/SIGINT
+// arrives. As PID 1 it also reaps every zombie, makes sure /tmp exists, and on
+// SIGTERM forwards the signal to every process before exiting.
+func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
+	pid1 := os.Getpid() == 1
+	opts := []Option{WithLogger(log), WithBaseEnv(withoutVar(os.Environ(), TokenEnv))}
+	if pid1 {
+		opts = append(opts, WithReapAll())
+		if err := os.MkdirAll("/tmp", 0o1777); err != nil {
+			log.Warn("create /tmp", "err", err)
+		}
+	}
+	srv, err := NewServer(token, opts...)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	go srv.Reap(ctx)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("agent: listen %s: %w", addr, err)
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("agent listening", "addr", ln.Addr().String(), "pid1", pid1)
+	select {
+	case err := <-errc:
+		return fmt.Errorf("agent: serve: %w", err)
+	case <-ctx.Done():
+	}
+	if pid1 {
+		// Forward the stop to every other process in the sandbox and give
+		// them a grace period; the kernel kills the rest when PID 1 exits.
+		syscall.Kill(-1, syscall.SIGTERM)
+		waitForChildren(stopGrace)
+	}
+	srv.Close()
+	sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	hs.Shutdown(sctx)
+	return nil
+}
+
+// waitForChildren reaps children until none is left or d has passed.
+func waitForChildren(d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if errors.Is(err, syscall.ECHILD) {
+			return
+		}
+		if pid <= 0 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+func withoutVar(env []string, name string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, name+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// writeError answers in the protocol's {"detail":{"error","message"}} shape,
+// so the daemon can relay agent errors to clients unchanged.
+func writeError(w http.ResponseWriter, status int, kind, msg string) {
+	writeJSON(w, status, protocol.ErrorBody{Detail: protocol.ErrorDetail{Error: kind, Message: msg}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}

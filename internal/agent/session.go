@@ -1,0 +1,246 @@
+package agent
+
+import (
+	"errors"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Output streams of a session, indexing session.out.
+const (
+	streamStdout = 0
+	streamStderr = 1
+)
+
+// drainGrace is how long a finished command's output pipes may stay open (a
+// background child inheriting them) before the agent stops reading and
+// reports the exit.
+const drainGrace = 100 * time.Millisecond
+
+// session is one command and everything needed to (re)attach to it: its
+// output windows, exit status and lifetime timers. Invariants: done moves
+// false → true once, after which out never changes; every change to out or
+// done closes and replaces changed, waking every attached streamer.
+type session struct {
+	id               string
+	proc             *proc
+	killOnDisconnect bool
+	limit            time.Duration // run-time limit (timeout_seconds); <= 0: none
+	idle             time.Duration // < 0: never kill for lack of clients
+	ttl              time.Duration // < 0: keep the finished session forever
+
+	// ready is closed once the command has been started (or failed to);
+	// startErr is valid after that.
+	ready    chan struct{}
+	startErr error
+
+	input chan []byte // stdin writer queue; a nil slice means close stdin
+	stop  chan struct{}
+
+	mu       sync.Mutex
+	out      [2]outBuf
+	changed  chan struct{}
+	done     bool
+	exitCode int
+	timedOut bool
+	clients  int
+	timers   []*time.Timer // timeout timer, stopped on finish
+	idleT    *time.Timer   // armed while no client is attached
+}
+
+func newSession(id string, bufMax int) *session {
+	s := &session{id: id, ready: make(chan struct{}), changed: make(chan struct{}), stop: make(chan struct{})}
+	s.out[streamStdout].max = bufMax
+	s.out[streamStderr].max = bufMax
+	return s
+}
+
+// run supervises a started command: pumps its output, applies the timeout,
+// and records the exit. onFinish runs once the session is done.
+func (s *session) run(p *proc, onFinish func(*session)) {
+	s.proc = p
+	var pumps sync.WaitGroup
+	for i, f := range p.out {
+		if f != nil {
+			pumps.Add(1)
+			go func() { defer pumps.Done(); s.pump(i, f) }()
+		}
+	}
+	if p.stdin != nil && p.pty == nil {
+		s.input = make(chan []byte, 64)
+		go s.writeStdin(p.stdin)
+	}
+	s.mu.Lock()
+	if s.limit > 0 {
+		s.timers = append(s.timers, time.AfterFunc(s.limit, s.timeout))
+	}
+	s.mu.Unlock()
+	close(s.ready)
+
+	ws := <-p.exited
+	pumped := make(chan struct{})
+	go func() { pumps.Wait(); close(pumped) }()
+	select {
+	case <-pumped:
+	case <-time.After(drainGrace):
+		for _, f := range p.out {
+			if f != nil {
+				f.Close() // unblocks the pumps: the files are pollable
+			}
+		}
+		<-pumped
+	}
+	p.closeAll()
+	close(s.stop)
+
+	s.mu.Lock()
+	for _, t := range s.timers {
+		t.Stop()
+	}
+	if s.idleT != nil {
+		s.idleT.Stop()
+	}
+	s.done, s.exitCode = true, exitCode(ws)
+	s.broadcastLocked()
+	s.mu.Unlock()
+	onFinish(s)
+}
+
+// pump copies one output stream into its window, never splitting a UTF-8
+// sequence: an incomplete trailing sequence waits for its remaining bytes
+// (or EOF).
+func (s *session) pump(i int, f *os.File) {
+	buf := make([]byte, 32<<10)
+	held := 0
+	for {
+		n, err := f.Read(buf[held:])
+		n += held
+		cut := completePrefix(buf[:n])
+		if err != nil {
+			cut = n // EOF or error: flush whatever is held
+		}
+		if cut > 0 {
+			s.mu.Lock()
+			s.out[i].write(buf[:cut])
+			s.broadcastLocked()
+			s.mu.Unlock()
+		}
+		held = copy(buf, buf[cut:n])
+		if err != nil {
+			return
+		}
+	}
+}
+
+// writeStdin feeds queued input to the command's stdin pipe until stdin is
+// closed by the client or the command finishes.
+func (s *session) writeStdin(w io.WriteCloser) {
+	for {
+		select {
+		case <-s.stop:
+			return
+		case data := <-s.input:
+			if data == nil {
+				w.Close()
+				return
+			}
+			if _, err := w.Write(data); err != nil {
+				if errors.Is(err, os.ErrClosed) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// writeInput sends client input to the command's stdin or terminal.
+func (s *session) writeInput(data []byte) {
+	if len(data) == 0 {
+		return
+	}
+	if s.proc.pty != nil {
+		s.proc.pty.Write(data) // best effort: the command may have exited
+		return
+	}
+	if s.input == nil {
+		return // stdin is /dev/null
+	}
+	select {
+	case s.input <- data:
+	case <-s.stop:
+	}
+}
+
+// closeStdin half-closes stdin. It is ignored under a PTY, where EOF is ^D.
+func (s *session) closeStdin() {
+	if s.input == nil {
+		return
+	}
+	select {
+	case s.input <- nil:
+	case <-s.stop:
+	}
+}
+
+// resize changes the terminal size; a no-op without a PTY.
+func (s *session) resize(rows, cols int) error {
+	if s.proc.pty == nil || rows <= 0 || cols <= 0 {
+		return nil
+	}
+	return setWinsize(s.proc.pty, uint16(rows), uint16(cols))
+}
+
+// kill sends SIGKILL to the command's whole process group.
+func (s *session) kill() {
+	s.mu.Lock()
+	done := s.done
+	s.mu.Unlock()
+	if !done {
+		syscall.Kill(-s.proc.pid, syscall.SIGKILL)
+	}
+}
+
+func (s *session) timeout() {
+	s.mu.Lock()
+	if !s.done {
+		s.timedOut = true
+	}
+	s.mu.Unlock()
+	s.kill()
+}
+
+// attach registers a client; it cancels any pending idle kill.
+func (s *session) attach() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.clients++
+	if s.idleT != nil {
+		s.idleT.Stop()
+		s.idleT = nil
+	}
+}
+
+// detach unregisters a client. The last one leaving a running command
+// kills it (kill_on_disconnect) or arms the idle timer.
+func (s *session) detach() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.clients--
+	if s.clients > 0 || s.done {
+		return
+	}
+	switch {
+	case s.killOnDisconnect:
+		go s.kill()
+	case s.idle >= 0:
+		s.idleT = time.AfterFunc(s.idle, s.kill)
+	}
+}
+
+func (s *session) broadcastLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}

@@ -1,0 +1,207 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// maxBody bounds control-plane request bodies.
+const maxBody = 1 << 20
+
+// decode reads a JSON body into v; malformed JSON is a 422.
+func decode(r *http.Request, v any) error {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return errdefs.Field(te.Field, "must be of type %s", te.Type)
+		}
+		return fmt.Errorf("decode request body: %v: %w", err, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+func (s *Server) snapshotJSON(v *sandbox.SnapshotView) protocol.Snapshot {
+	sn := v.Snapshot
+	rc := sn.RunConfig
+	return protocol.Snapshot{
+		ID: sn.ID, Name: sn.Name, Status: sn.Status, StatusMessage: sn.StatusMessage,
+		FSCapacityBytes: sn.FSCapacityBytes, DockerImage: sn.DockerImage, ImageDigest: sn.ImageDigest,
+		RegistryID: sn.RegistryID, CreatedBy: sn.CreatedBy, RunConfig: &rc,
+		CreatedAt: sn.CreatedAt, UpdatedAt: sn.UpdatedAt,
+		PullBytesTotal: v.PullBytesTotal, PullBytesDone: v.PullBytesDone,
+	}
+}
+
+func (s *Server) sandboxJSON(sb *store.Sandbox) protocol.Sandbox {
+	return protocol.Sandbox{
+		ID: sb.ID, Name: sb.Name, Status: sb.Status, StatusMessage: sb.StatusMessage,
+		DataplaneURL: s.publicURL + "/dp/" + sb.ID, SnapshotID: sb.SnapshotID,
+		VCPUs: sb.VCPUs, MemBytes: sb.MemBytes, FSCapacityBytes: sb.FSCapacityBytes,
+		IdleTTLSeconds: sb.IdleTTLSeconds, DeleteAfterStopSeconds: sb.DeleteAfterStopSeconds,
+		RunConfig: sb.RunConfig, Runtime: sb.Runtime, CreatedBy: sb.CreatedBy,
+		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt, StoppedAt: sb.StoppedAt,
+	}
+}
+
+// listOptions parses name_contains, limit (1..500, default 50) and offset.
+func listOptions(r *http.Request) (store.ListOptions, error) {
+	q := r.URL.Query()
+	o := store.ListOptions{NameContains: q.Get("name_contains"), Limit: 50}
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 500 {
+			return o, errdefs.Field("limit", "must be an integer between 1 and 500")
+		}
+		o.Limit = n
+	}
+	if v := q.Get("offset"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return o, errdefs.Field("offset", "must be a non-negative integer")
+		}
+		o.Offset = n
+	}
+	return o, nil
+}
+
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
+	var req protocol.CreateSnapshotRequest
+	if err := decode(r, &req); err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	v, err := s.mgr.CreateSnapshot(r.Context(), req)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.snapshotJSON(v))
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	v, err := s.mgr.GetSnapshot(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.snapshotJSON(v))
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	o, err := listOptions(r)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	list, err := s.mgr.ListSnapshots(r.Context(), o)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	out := make([]protocol.Snapshot, len(list))
+	for i, v := range list {
+		out[i] = s.snapshotJSON(v)
+	}
+	writeJSON(w, http.StatusOK, protocol.SnapshotList{Snapshots: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))})
+}
+
+// nextCursor is the offset of the next page as a string, or nil on the last.
+func nextCursor(o store.ListOptions, n int) *string {
+	if n < o.Limit {
+		return nil
+	}
+	c := strconv.Itoa(o.Offset + n)
+	return &c
+}
+
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	if err := s.mgr.DeleteSnapshot(r.Context(), r.PathValue("id")); err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
+	var req protocol.CreateSandboxRequest
+	if err := decode(r, &req); err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	sb, err := s.mgr.CreateSandbox(r.Context(), req)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
+}
+
+func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.GetSandbox(r.Context(), r.PathValue("name"))
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+}
+
+func (s *Server) sandboxStatus(w http.ResponseWriter, r *http.Request) {
+	sb, err := s.mgr.GetSandbox(r.Context(), r.PathValue("name"))
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, protocol.StatusResponse{Status: sb.Status, StatusMessage: sb.StatusMessage})
+}
+
+func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+	o, err := listOptions(r)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	list, err := s.mgr.ListSandboxes(r.Context(), o)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	out := make([]protocol.Sandbox, len(list))
+	for i, sb := range list {
+		out[i] = s.sandboxJSON(sb)
+	}
+	writeJSON(w, http.StatusOK, protocol.SandboxList{Sandboxes: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))})
+}
+
+func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := s.mgr.DeleteSandbox(r.Context(), r.PathValue("name")); err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := s.mgr.StopSandbox(r.Context(), r.PathValue("name")); err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request) {
+	if err := s.mgr.StartSandbox(r.Context(), r.PathValue("name")); err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": protocol.StatusReady})
+}

@@ -1,0 +1,264 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/coder/websocket"
+	"github.com/coder/websocket/wsjson"
+	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"github.com/google/uuid"
+)
+
+// wsReadLimit bounds one exec frame (input or output chunks).
+const wsReadLimit = 32 << 20
+
+// layerExec merges the sandbox's effective run config with a command's own
+// (spec §4.3) and folds the deprecated env/cwd into it. Combining run_config
+// with env or cwd is refused, as the client does.
+func layerExec(base protocol.RunConfig, f *protocol.ExecFrame) error {
+	if f.RunConfig != nil && (len(f.Env) > 0 || f.Cwd != "") {
+		return errdefs.Field("run_config", "cannot be combined with the deprecated env or cwd")
+	}
+	over := f.RunConfig
+	if over == nil && (len(f.Env) > 0 || f.Cwd != "") {
+		over = &protocol.RunConfig{WorkDir: f.Cwd, EnvVars: f.Env}
+	}
+	if over != nil && over.WorkDir != "" && !strings.HasPrefix(over.WorkDir, "/") {
+		return errdefs.Field("run_config.work_dir", "must be an absolute path")
+	}
+	rc := base.Layer(over)
+	f.RunConfig, f.Env, f.Cwd = &rc, nil, ""
+	return nil
+}
+
+// execute runs one command to completion (spec D1). HTTP exec has no stdin.
+func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
+	var req protocol.ExecuteRequest
+	if err := decode(r, &req); err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	if req.Command == "" {
+		writeValidation(w, "command", "is required")
+		return
+	}
+	c, rc, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	timeout := req.Timeout
+	if timeout <= 0 {
+		timeout = 60
+	}
+	f := protocol.ExecFrame{Type: protocol.FrameExecute, Command: req.Command, Shell: req.Shell, TimeoutSeconds: &timeout,
+		Env: req.Env, Cwd: req.Cwd, RunConfig: req.RunConfig, CloseStdin: true, CommandID: uuid.NewString()}
+	if err := layerExec(rc, &f); err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	var stdout, stderr strings.Builder
+	code, err := c.Exec(r.Context(), f, &stdout, &stderr)
+	switch {
+	case errors.Is(err, agent.ErrCommandTimeout):
+		writeDetail(w, http.StatusRequestTimeout, protocol.ErrCommandTimeout, fmt.Sprintf("command timed out after %ds", timeout))
+	case err != nil:
+		writeDetail(w, http.StatusBadGateway, "ConnectionError", err.Error())
+	default:
+		writeJSON(w, http.StatusOK, protocol.ExecuteResult{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: code})
+	}
+}
+
+// executeWS relays the WebSocket exec protocol (spec §6) between the client
+// and the sandbox's agent, which owns command sessions. The daemon only
+// rewrites the first execute frame to apply the layered run config.
+func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
+	c, rc, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	conn, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		return
+	}
+	defer conn.CloseNow()
+	conn.SetReadLimit(wsReadLimit)
+	ctx := r.Context()
+
+	var first protocol.ExecFrame
+	if err := wsjson.Read(ctx, conn, &first); err != nil {
+		return
+	}
+	if first.Type == protocol.FrameExecute {
+		if err := layerExec(rc, &first); err != nil {
+			_ = wsjson.Write(ctx, conn, protocol.ExecFrame{Type: protocol.FrameError, ErrorType: protocol.ErrCommandError, Error: err.Error()})
+			conn.Close(websocket.StatusNormalClosure, "")
+			return
+		}
+	}
+	up, err := c.DialExec(ctx)
+	if err != nil {
+		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
+		return
+	}
+	defer up.CloseNow()
+	up.SetReadLimit(wsReadLimit)
+	if err := wsjson.Write(ctx, up, first); err != nil {
+		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
+		return
+	}
+	relay(ctx, conn, up)
+}
+
+// relay copies frames both ways until one side closes, then closes the other
+// with the same status, so the client sees the agent's normal closure after
+// exit and the agent sees a client's disconnect.
+func relay(ctx context.Context, client, up *websocket.Conn) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		err := pipe(ctx, up, client)
+		up.Close(closeStatus(err), "")
+		cancel()
+	}()
+	err := pipe(ctx, client, up)
+	client.Close(closeStatus(err), "")
+}
+
+func pipe(ctx context.Context, dst, src *websocket.Conn) error {
+	for {
+		typ, data, err := src.Read(ctx)
+		if err != nil {
+			return err
+		}
+		if err := dst.Write(ctx, typ, data); err != nil {
+			return err
+		}
+	}
+}
+
+func closeStatus(err error) websocket.StatusCode {
+	if st := websocket.CloseStatus(err); st != -1 {
+		return st
+	}
+	return websocket.StatusGoingAway
+}
+
+// filePath returns the ?path= parameter, required and absolute-ised. The
+// agent resolves it inside the sandbox's own root, so ".." cannot leave it.
+func filePath(r *http.Request) (string, error) {
+	p := r.URL.Query().Get("path")
+	if p == "" {
+		return "", errdefs.Field("path", "is required")
+	}
+	if strings.ContainsRune(p, 0) {
+		return "", errdefs.Field("path", "must not contain NUL")
+	}
+	return p, nil
+}
+
+// upload streams the multipart part "file" into the sandbox (spec D3),
+// creating parent directories. The body is never held whole in memory.
+func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+	path, err := filePath(r)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	c, _, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	var body io.Reader = r.Body
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); strings.HasPrefix(mt, "multipart/") {
+		mr, err := r.MultipartReader()
+		if err != nil {
+			writeValidation(w, "file", err.Error())
+			return
+		}
+		for {
+			part, err := mr.NextPart()
+			if err != nil {
+				writeValidation(w, "file", "multipart body has no part named \"file\"")
+				return
+			}
+			if part.FormName() == "file" {
+				body = part
+				break
+			}
+		}
+	}
+	if err := c.WriteFile(r.Context(), path, 0o644, body); err != nil {
+		writeAgentError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"path": path})
+}
+
+// relayedFileHeaders are the response headers passed from the agent to the
+// client for downloads.
+var relayedFileHeaders = []string{"Content-Type", "Content-Length", "Content-Range", "Accept-Ranges", "ETag", "Last-Modified"}
+
+// download streams a file out of the sandbox (spec D4–D6). The agent serves
+// conditional and range requests; the daemon relays headers and bytes.
+func (s *Server) download(w http.ResponseWriter, r *http.Request) {
+	path, err := filePath(r)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	c, _, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	hdr := http.Header{}
+	for _, k := range []string{"Range", "If-Range", "If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since"} {
+		if v := r.Header.Values(k); len(v) > 0 {
+			hdr[k] = v
+		}
+	}
+	open := c.OpenFile
+	if r.Method == http.MethodHead {
+		open = c.HeadFile
+	}
+	resp, err := open(r.Context(), path, hdr)
+	if err != nil {
+		writeAgentError(w, r, err)
+		return
+	}
+	defer resp.Body.Close()
+	for _, k := range relayedFileHeaders {
+		if v := resp.Header.Values(k); len(v) > 0 {
+			w.Header()[k] = v
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	if r.Method != http.MethodHead {
+		_, _ = io.Copy(w, resp.Body)
+	}
+}
+
+// writeAgentError reports a failure to reach or use the agent.
+func writeAgentError(w http.ResponseWriter, r *http.Request, err error) {
+	var he *agent.HTTPError
+	if errors.As(err, &he) {
+		writeDetail(w, he.Status, he.Kind, he.Message)
+		return
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		writeDetail(w, http.StatusGatewayTimeout, "Timeout", err.Error())
+		return
+	}
+	writeDetail(w, http.StatusBadGateway, "ConnectionError", err.Error())
+}

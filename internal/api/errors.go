@@ -1,0 +1,68 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// writeJSON writes v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeDetail writes the protocol's structured error body (spec §2 form 1).
+func writeDetail(w http.ResponseWriter, status int, typ, msg string) {
+	writeJSON(w, status, protocol.ErrorBody{Detail: protocol.ErrorDetail{Error: typ, Message: msg}})
+}
+
+// writeValidation writes a 422 in the Pydantic array form (spec §2 form 2).
+func writeValidation(w http.ResponseWriter, field, msg string) {
+	loc := []string{"body"}
+	if field != "" {
+		loc = append(loc, field)
+	}
+	writeJSON(w, http.StatusUnprocessableEntity, protocol.ValidationBody{Detail: []protocol.ValidationItem{{Loc: loc, Msg: msg, Type: "value_error"}}})
+}
+
+// writeError maps an internal error kind to its status and body. This is the
+// only place error kinds become HTTP.
+func writeError(ctx context.Context, w http.ResponseWriter, err error) {
+	var fe *errdefs.FieldError
+	var be *sandbox.BootError
+	switch {
+	case errors.As(err, &fe):
+		writeValidation(w, fe.Field, fe.Msg)
+	case errors.Is(err, errdefs.ErrInvalid):
+		writeValidation(w, "", err.Error())
+	case errors.Is(err, errdefs.ErrNotFound):
+		writeDetail(w, http.StatusNotFound, "NotFound", err.Error())
+	case errors.Is(err, errdefs.ErrConflict):
+		writeDetail(w, http.StatusConflict, "Conflict", err.Error())
+	case errors.Is(err, errdefs.ErrNotReady):
+		writeDetail(w, http.StatusBadRequest, "NotReady", err.Error())
+	case errors.Is(err, errdefs.ErrTimeout):
+		writeDetail(w, http.StatusRequestTimeout, "Timeout", err.Error())
+	case errors.Is(err, errdefs.ErrUnauthorized):
+		writeDetail(w, http.StatusUnauthorized, "Unauthorized", err.Error())
+	case errors.Is(err, errdefs.ErrForbidden):
+		writeDetail(w, http.StatusForbidden, "Forbidden", err.Error())
+	case errors.Is(err, errdefs.ErrUnavailable):
+		writeDetail(w, http.StatusBadGateway, "ConnectionError", err.Error())
+	case errors.As(err, &be):
+		writeDetail(w, http.StatusUnprocessableEntity, "CrashLoop", err.Error())
+	case errors.Is(err, context.Canceled):
+		writeDetail(w, 499, "Canceled", err.Error())
+	default:
+		slog.ErrorContext(ctx, "internal error", "err", err)
+		writeDetail(w, http.StatusInternalServerError, "InternalError", err.Error())
+	}
+}

@@ -1,0 +1,83 @@
+// Package api serves Cubicle's HTTP API: the LangSmith sandbox protocol's
+// control plane (snapshots, boxes) under /v2/sandboxes and /api/v2/sandboxes,
+// and each sandbox's dataplane (exec, files) under /dp/{id}.
+//
+// Handlers decode and validate input, call the sandbox manager, and encode
+// results with the shared wire types in sdk/go/protocol. Errors become HTTP
+// only here (errors.go).
+package api
+
+import (
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
+)
+
+// prefixes are the control-plane mount points (spec §1.2 and §11.1).
+var prefixes = []string{"/v2/sandboxes", "/api/v2/sandboxes", "/api/v1/v2/sandboxes"}
+
+// Server is the HTTP API.
+type Server struct {
+	mgr       *sandbox.Manager
+	auth      *auth.Authenticator
+	images    *image.Store
+	publicURL string
+	log       *slog.Logger
+	mux       *http.ServeMux
+}
+
+// New returns a Server. publicURL is the externally reachable base URL from
+// which dataplane URLs are derived (no trailing slash).
+func New(mgr *sandbox.Manager, a *auth.Authenticator, images *image.Store, publicURL string, log *slog.Logger) *Server {
+	s := &Server{mgr: mgr, auth: a, images: images, publicURL: strings.TrimRight(publicURL, "/"), log: log, mux: http.NewServeMux()}
+	for _, p := range prefixes {
+		s.handle("POST "+p+"/snapshots", s.createSnapshot)
+		s.handle("GET "+p+"/snapshots", s.listSnapshots)
+		s.handle("GET "+p+"/snapshots/{id}", s.getSnapshot)
+		s.handle("DELETE "+p+"/snapshots/{id}", s.deleteSnapshot)
+		s.handle("POST "+p+"/boxes", s.createSandbox)
+		s.handle("GET "+p+"/boxes", s.listSandboxes)
+		s.handle("GET "+p+"/boxes/{name}", s.getSandbox)
+		s.handle("DELETE "+p+"/boxes/{name}", s.deleteSandbox)
+		s.handle("GET "+p+"/boxes/{name}/status", s.sandboxStatus)
+		s.handle("POST "+p+"/boxes/{name}/stop", s.stopSandbox)
+		s.handle("POST "+p+"/boxes/{name}/start", s.startSandbox)
+		s.handle("POST "+p+"/images/load", s.loadImage)
+		s.handle("GET "+p+"/images", s.listImages)
+	}
+	s.handle("POST /dp/{id}/execute", s.execute)
+	s.handle("GET /dp/{id}/execute/ws", s.executeWS)
+	s.handle("POST /dp/{id}/upload", s.upload)
+	s.handle("GET /dp/{id}/download", s.download)
+	s.handle("HEAD /dp/{id}/download", s.download)
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "runtime": mgr.Runtime()})
+	})
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeDetail(w, http.StatusNotFound, "NotFound", "no route for "+r.Method+" "+r.URL.Path)
+	})
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// handle registers an authenticated handler: every API request must carry a
+// valid X-Api-Key; the principal it names is put in the request context.
+func (s *Server) handle(pattern string, h http.HandlerFunc) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		p, err := s.auth.Authenticate(r.Context(), r.Header.Get("X-Api-Key"))
+		if err != nil {
+			writeError(r.Context(), w, err)
+			return
+		}
+		h(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
+		s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "workspace", p.WorkspaceID, "took", time.Since(start))
+	})
+}

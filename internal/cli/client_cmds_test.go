@@ -1,0 +1,136 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/coder/websocket"
+	"github.com/spf13/cobra"
+
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// newDaemonDouble is a TEST DOUBLE of the daemon for the client commands:
+// one sandbox "box" whose exec echoes the command line and exits 7, and an
+// in-memory file store. The real daemon is tested under test/e2e.
+func newDaemonDouble(t *testing.T) (files map[string][]byte) {
+	files = map[string][]byte{}
+	mux := http.NewServeMux()
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	t.Setenv(envEndpoint, srv.URL)
+	t.Setenv(envAPIKey, "k")
+	mux.HandleFunc("GET /v2/sandboxes/boxes/box", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(protocol.Sandbox{Name: "box", Status: "ready", DataplaneURL: srv.URL + "/dp"})
+	})
+	mux.HandleFunc("GET /dp/execute/ws", func(w http.ResponseWriter, r *http.Request) {
+		conn, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer conn.CloseNow()
+		var f protocol.ExecFrame
+		_, b, _ := conn.Read(r.Context())
+		json.Unmarshal(b, &f)
+		zero, code := int64(0), 7
+		for _, reply := range []protocol.ExecFrame{
+			{Type: "started", CommandID: f.CommandID},
+			{Type: "stdout", Data: f.Shell + " -c " + f.Command, Offset: &zero},
+			{Type: "stderr", Data: "warn", Offset: &zero},
+			{Type: "exit", ExitCode: &code},
+		} {
+			b, _ := json.Marshal(reply)
+			conn.Write(r.Context(), websocket.MessageText, b)
+		}
+		conn.Close(websocket.StatusNormalClosure, "")
+	})
+	mux.HandleFunc("POST /dp/upload", func(w http.ResponseWriter, r *http.Request) {
+		f, _, err := r.FormFile("file")
+		if err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		files[r.URL.Query().Get("path")], _ = io.ReadAll(f)
+	})
+	mux.HandleFunc("GET /dp/download", func(w http.ResponseWriter, r *http.Request) {
+		b, ok := files[r.URL.Query().Get("path")]
+		if !ok {
+			w.WriteHeader(404)
+			io.WriteString(w, `{"detail":{"error":"FileNotFound","message":"no such file"}}`)
+			return
+		}
+		w.Write(b)
+	})
+	return files
+}
+
+func runCmd(cmd *cobra.Command, stdin string, args ...string) (stdout, stderr string, err error) {
+	var o, e bytes.Buffer
+	cmd.SetArgs(args)
+	cmd.SetIn(strings.NewReader(stdin))
+	cmd.SetOut(&o)
+	cmd.SetErr(&e)
+	cmd.SilenceUsage, cmd.SilenceErrors = true, true
+	err = cmd.Execute()
+	return o.String(), e.String(), err
+}
+
+func TestExecCmdStreamsAndExitsWithCode(t *testing.T) {
+	newDaemonDouble(t)
+	out, errOut, err := runCmd(newExecCmd(), "", "box", "--", "echo", "a b")
+	var ec exitCode
+	if !errors.As(err, &ec) || ec != 7 {
+		t.Fatalf("err = %v, want exitCode(7)", err)
+	}
+	if out != "/bin/sh -c echo 'a b'" || errOut != "warn" {
+		t.Errorf("stdout %q, stderr %q", out, errOut)
+	}
+}
+
+func TestCpRoundTrip(t *testing.T) {
+	files := newDaemonDouble(t)
+	dir := t.TempDir()
+	local := filepath.Join(dir, "in.txt")
+	os.WriteFile(local, []byte("payload"), 0o600)
+	if _, _, err := runCmd(newCpCmd(), "", local, "box:/work/"); err != nil {
+		t.Fatal(err)
+	}
+	if string(files["/work/in.txt"]) != "payload" {
+		t.Fatalf("uploaded %q", files)
+	}
+	if _, _, err := runCmd(newCpCmd(), "from stdin", "-", "box:/s.txt"); err != nil || string(files["/s.txt"]) != "from stdin" {
+		t.Fatalf("stdin upload: %v, %q", err, files["/s.txt"])
+	}
+	if _, _, err := runCmd(newCpCmd(), "", "box:/work/in.txt", dir+"/"); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "in.txt")); string(b) != "payload" {
+		t.Errorf("downloaded %q", b)
+	}
+	out, _, err := runCmd(newCpCmd(), "", "box:/s.txt", "-")
+	if err != nil || out != "from stdin" {
+		t.Errorf("download to stdout: %q, %v", out, err)
+	}
+	if _, _, err := runCmd(newCpCmd(), "", "box:/missing", filepath.Join(dir, "m")); err == nil {
+		t.Error("missing file copied")
+	}
+	if _, err := os.Stat(filepath.Join(dir, "m")); !os.IsNotExist(err) {
+		t.Error("a failed download left a file behind")
+	}
+}
+
+func TestMissingAPIKeyIsClear(t *testing.T) {
+	t.Setenv(envAPIKey, "")
+	_, _, err := runCmd(newSandboxLsCmd(), "")
+	if err == nil || !strings.Contains(err.Error(), envAPIKey) {
+		t.Errorf("err = %v, want a message naming %s", err, envAPIKey)
+	}
+}

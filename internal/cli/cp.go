@@ -1,0 +1,145 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
+)
+
+// newCpCmd is `cubicle cp`: copy one file into or out of a sandbox.
+func newCpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy a file between the local machine and a sandbox",
+		Long: "Copy one file into or out of a sandbox. Exactly one side is NAME:/absolute/path;\n" +
+			"a local side of - means stdin or stdout. A destination ending in / (remote) or an\n" +
+			"existing directory (local) receives the file under its source's base name.",
+		Example: "  cubicle cp ./data.csv box:/work/\n" +
+			"  cubicle cp box:/work/out.json -\n" +
+			"  tar cz src | cubicle cp - box:/tmp/src.tgz",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, dst := parseCpArg(args[0]), parseCpArg(args[1])
+			if err := checkCpArgs(src, dst); err != nil {
+				return err
+			}
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			if dst.sandbox != "" {
+				return cpUpload(cmd, c, src.path, dst)
+			}
+			return cpDownload(cmd, c, src, dst.path)
+		},
+	}
+}
+
+// cpArg is one side of cp: a sandbox path when sandbox is set, else local.
+type cpArg struct {
+	sandbox, path string
+}
+
+// parseCpArg splits NAME:/path. A colon after a slash (./a:b) or at the
+// start stays part of a local path, as in `docker cp`.
+func parseCpArg(s string) cpArg {
+	i := strings.IndexByte(s, ':')
+	if s == "-" || i <= 0 || strings.ContainsAny(s[:i], `/\`) {
+		return cpArg{path: s}
+	}
+	return cpArg{sandbox: s[:i], path: s[i+1:]}
+}
+
+// checkCpArgs accepts exactly one sandbox side, with an absolute path.
+func checkCpArgs(src, dst cpArg) error {
+	switch {
+	case src.sandbox != "" && dst.sandbox != "":
+		return errors.New("cp between two sandboxes is not supported: copy through a local file")
+	case src.sandbox == "" && dst.sandbox == "":
+		return errors.New("one of SRC and DST must be NAME:/path")
+	}
+	remote := dst
+	if src.sandbox != "" {
+		remote = src
+	}
+	if !path.IsAbs(remote.path) {
+		return fmt.Errorf("%s:%s: the sandbox path must be absolute", remote.sandbox, remote.path)
+	}
+	return nil
+}
+
+func cpUpload(cmd *cobra.Command, c *cubicle.Client, local string, dst cpArg) error {
+	target := dst.path
+	var r io.Reader = cmd.InOrStdin()
+	if local != "-" {
+		f, err := os.Open(local)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if fi, err := f.Stat(); err != nil {
+			return err
+		} else if fi.IsDir() {
+			return fmt.Errorf("%s is a directory: cp copies single files (pipe a tar through `cp - NAME:/x.tar`)", local)
+		}
+		r = f
+	}
+	if strings.HasSuffix(target, "/") {
+		if local == "-" {
+			return fmt.Errorf("%s:%s: name the destination file when copying from stdin", dst.sandbox, target)
+		}
+		target = path.Join(target, filepath.Base(local))
+	}
+	return c.WriteFile(cmd.Context(), dst.sandbox, target, r)
+}
+
+func cpDownload(cmd *cobra.Command, c *cubicle.Client, src cpArg, local string) error {
+	rc, err := c.ReadFile(cmd.Context(), src.sandbox, src.path)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	if local == "-" {
+		_, err := io.Copy(cmd.OutOrStdout(), rc)
+		return err
+	}
+	if fi, err := os.Stat(local); err == nil && fi.IsDir() {
+		local = filepath.Join(local, path.Base(src.path))
+	}
+	return writeFileAtomic(cmd.Context(), local, rc)
+}
+
+// writeFileAtomic writes r to a temporary file beside dst and renames it
+// into place, so a failed download never leaves a truncated dst.
+func writeFileAtomic(ctx context.Context, dst string, r io.Reader) error {
+	tmp, err := os.CreateTemp(filepath.Dir(dst), ".cubicle-cp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name()) // no-op after the rename
+	if _, err := io.Copy(tmp, r); err != nil {
+		tmp.Close()
+		return fmt.Errorf("download to %s: %w", dst, err)
+	}
+	if err := ctx.Err(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), dst)
+}

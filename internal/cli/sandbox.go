@@ -1,0 +1,199 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/google/uuid"
+	"github.com/spf13/cobra"
+
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// newSandboxCmd is `cubicle sandbox`: create, list, stop, start and remove
+// sandboxes.
+func newSandboxCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "sandbox",
+		Aliases: []string{"sandboxes", "box"},
+		Short:   "Create, list, stop, start and remove sandboxes",
+	}
+	cmd.AddCommand(newSandboxCreateCmd(), newSandboxLsCmd(), newSandboxRmCmd(),
+		newSandboxStopCmd(), newSandboxStartCmd())
+	return cmd
+}
+
+type sandboxCreateFlags struct {
+	snapshot   string
+	name       string
+	vcpus      int64
+	memory     string
+	fsCapacity string
+	timeout    int64
+}
+
+func newSandboxCreateCmd() *cobra.Command {
+	var f sandboxCreateFlags
+	cmd := &cobra.Command{
+		Use:   "create",
+		Short: "Create a sandbox, wait until it is ready and print its name",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			req, err := f.request()
+			if err != nil {
+				return err
+			}
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			// The daemon blocks up to --timeout; allow it that plus slack.
+			ctx, cancel := context.WithTimeout(cmd.Context(), time.Duration(f.timeout+30)*time.Second)
+			defer cancel()
+			sb, err := c.CreateSandbox(ctx, req)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), sb.Name)
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.snapshot, "snapshot", "", "snapshot id or name[:tag] to boot (default: the daemon's default)")
+	fl.StringVar(&f.name, "name", "", "sandbox name (default: generated)")
+	fl.Int64Var(&f.vcpus, "vcpus", 0, "virtual CPUs (default: the daemon's)")
+	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512MiB (default: the daemon's)")
+	fl.StringVar(&f.fsCapacity, "fs-capacity", "", "filesystem capacity, e.g. 10GiB (default: the snapshot's)")
+	fl.Int64Var(&f.timeout, "timeout", 60, "seconds the daemon may take to make the sandbox ready")
+	return cmd
+}
+
+// request turns the flags into the create body. A --snapshot that parses as
+// a UUID is an id, anything else a name.
+func (f sandboxCreateFlags) request() (protocol.CreateSandboxRequest, error) {
+	wait := true
+	timeout := f.timeout
+	req := protocol.CreateSandboxRequest{WaitForReady: &wait, Timeout: &timeout, Name: f.name}
+	if f.snapshot != "" {
+		if _, err := uuid.Parse(f.snapshot); err == nil {
+			req.SnapshotID = f.snapshot
+		} else {
+			req.SnapshotName = f.snapshot
+		}
+	}
+	if f.vcpus > 0 {
+		v := f.vcpus
+		req.VCPUs = &v
+	}
+	if f.memory != "" {
+		n, err := parseByteSize(f.memory)
+		if err != nil {
+			return req, fmt.Errorf("--memory: %w", err)
+		}
+		req.MemBytes = &n
+	}
+	if f.fsCapacity != "" {
+		n, err := parseByteSize(f.fsCapacity)
+		if err != nil {
+			return req, fmt.Errorf("--fs-capacity: %w", err)
+		}
+		req.FSCapacityBytes = &n
+	}
+	return req, nil
+}
+
+func newSandboxLsCmd() *cobra.Command {
+	var name string
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List sandboxes",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			l, err := c.ListSandboxes(cmd.Context(), cubicle.ListOptions{NameContains: name, Limit: 500})
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATUS\tSNAPSHOT\tVCPUS\tMEMORY\tCREATED")
+			for _, s := range l.Sandboxes {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", s.Name, s.Status, orDash(s.SnapshotID),
+					s.VCPUs, humanize.IBytes(uint64(max(s.MemBytes, 0))), ago(s.CreatedAt))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if l.NextCursor != nil && *l.NextCursor != "" {
+				fmt.Fprintln(cmd.ErrOrStderr(), "(more sandboxes not shown; narrow with --name)")
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "show only sandboxes whose name contains this")
+	return cmd
+}
+
+func newSandboxRmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm NAME...",
+		Aliases: []string{"delete"},
+		Short:   "Delete sandboxes and their filesystems",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			return forEachArg(cmd, args, func(n string) error { return c.DeleteSandbox(cmd.Context(), n) })
+		},
+	}
+}
+
+func newSandboxStopCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "stop NAME...",
+		Short: "Stop sandboxes, keeping their filesystems",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			return forEachArg(cmd, args, func(n string) error { return c.StopSandbox(cmd.Context(), n) })
+		},
+	}
+}
+
+func newSandboxStartCmd() *cobra.Command {
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "start NAME...",
+		Short: "Start stopped sandboxes and wait until they are ready",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientFromEnv(cubicle.WithPollInterval(500 * time.Millisecond))
+			if err != nil {
+				return err
+			}
+			return forEachArg(cmd, args, func(n string) error {
+				if err := c.StartSandbox(cmd.Context(), n); err != nil {
+					return err
+				}
+				ctx, cancel := context.WithTimeout(cmd.Context(), wait)
+				defer cancel()
+				_, err := c.WaitSandbox(ctx, n)
+				return err
+			})
+		},
+	}
+	cmd.Flags().DurationVar(&wait, "wait", 2*time.Minute, "how long to wait for each sandbox to be ready")
+	return cmd
+}

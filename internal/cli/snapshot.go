@@ -1,0 +1,214 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// newSnapshotCmd is `cubicle snapshot`: build, list and remove snapshots,
+// the bootable root filesystems sandboxes start from.
+func newSnapshotCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "snapshot",
+		Aliases: []string{"snapshots"},
+		Short:   "Build, list and remove snapshots (bootable root filesystems)",
+	}
+	cmd.AddCommand(newSnapshotCreateCmd(), newSnapshotLsCmd(), newSnapshotRmCmd())
+	return cmd
+}
+
+type snapshotCreateFlags struct {
+	image      string
+	fsCapacity string
+	registryID string
+	wait       time.Duration
+}
+
+func newSnapshotCreateCmd() *cobra.Command {
+	var f snapshotCreateFlags
+	cmd := &cobra.Command{
+		Use:   "create NAME --image REF",
+		Short: "Build a snapshot from a container image and print its id",
+		Long: "Build a snapshot from a container image, wait until it is ready (showing the image\n" +
+			"pull on stderr) and print the snapshot id on stdout.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return snapshotCreate(ctx, cmd, args[0], f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.image, "image", "", "container image reference to build from, e.g. python:3.12-slim (required)")
+	fl.StringVar(&f.fsCapacity, "fs-capacity", "10GiB", "filesystem capacity of sandboxes booted from it")
+	fl.StringVar(&f.registryID, "registry-id", "", "id of the registry credentials to pull with")
+	fl.DurationVar(&f.wait, "wait", 30*time.Minute, "how long to wait for the build (it continues on the daemon after)")
+	_ = cmd.MarkFlagRequired("image")
+	return cmd
+}
+
+func snapshotCreate(ctx context.Context, cmd *cobra.Command, name string, f snapshotCreateFlags) error {
+	capacity, err := parseByteSize(f.fsCapacity)
+	if err != nil {
+		return fmt.Errorf("--fs-capacity: %w", err)
+	}
+	c, err := clientFromEnv(cubicle.WithPollInterval(500 * time.Millisecond))
+	if err != nil {
+		return err
+	}
+	snap, err := c.CreateSnapshot(ctx, protocol.CreateSnapshotRequest{
+		Name:            name,
+		DockerImage:     f.image,
+		FSCapacityBytes: capacity,
+		RegistryID:      f.registryID,
+	})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.wait)
+	defer cancel()
+	prog := newPullProgress(cmd.ErrOrStderr(), f.image)
+	id := snap.ID
+	_, err = c.WaitSnapshot(ctx, id, prog.update)
+	prog.finish()
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("%w; the build of %s goes on: see `cubicle snapshot ls`", err, id)
+		}
+		return err
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), id)
+	return nil
+}
+
+// pullProgress draws the image pull of a building snapshot on a terminal: a
+// byte bar once the daemon knows the total, a spinner before. On anything
+// other than a terminal it prints one line and stays quiet.
+type pullProgress struct {
+	w       io.Writer
+	image   string
+	visible bool
+	bar     *progressbar.ProgressBar
+	total   int64
+}
+
+func newPullProgress(w io.Writer, image string) *pullProgress {
+	_, tty := terminalFd(w)
+	if !tty {
+		fmt.Fprintf(w, "building snapshot from %s...\n", image)
+	}
+	return &pullProgress{w: w, image: image, visible: tty}
+}
+
+func (p *pullProgress) update(s protocol.Snapshot) {
+	if !p.visible || s.Status != protocol.SnapshotBuilding {
+		return
+	}
+	if p.bar == nil {
+		p.bar = progressbar.NewOptions64(-1, // unknown length: a spinner
+			progressbar.OptionSetWriter(p.w),
+			progressbar.OptionSetDescription("pulling "+p.image),
+			progressbar.OptionShowBytes(true),
+			progressbar.OptionShowTotalBytes(true),
+			progressbar.OptionUseIECUnits(true),
+			progressbar.OptionSpinnerType(14),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionClearOnFinish(),
+		)
+	}
+	if s.PullBytesTotal > 0 && s.PullBytesTotal != p.total {
+		p.total = s.PullBytesTotal
+		p.bar.ChangeMax64(p.total) // spinner → bar
+	}
+	if s.PullBytesTotal == 0 && s.PullBytesDone == 0 && p.total > 0 {
+		p.bar.Describe("unpacking " + p.image) // pull over, build goes on
+	}
+	_ = p.bar.Set64(s.PullBytesDone)
+}
+
+func (p *pullProgress) finish() {
+	if p.bar != nil {
+		_ = p.bar.Finish()
+	}
+}
+
+type snapshotLsFlags struct {
+	name string
+}
+
+func newSnapshotLsCmd() *cobra.Command {
+	var f snapshotLsFlags
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List snapshots",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			l, err := c.ListSnapshots(cmd.Context(), cubicle.ListOptions{NameContains: f.name, Limit: 500})
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tSTATUS\tIMAGE\tCREATED")
+			for _, s := range l.Snapshots {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Name, s.Status, orDash(s.DockerImage), ago(s.CreatedAt))
+			}
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if l.NextCursor != nil && *l.NextCursor != "" {
+				fmt.Fprintln(cmd.ErrOrStderr(), "(more snapshots not shown; narrow with --name)")
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&f.name, "name", "", "show only snapshots whose name contains this")
+	return cmd
+}
+
+func newSnapshotRmCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm ID...",
+		Aliases: []string{"delete"},
+		Short:   "Delete snapshots",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			return forEachArg(cmd, args, func(id string) error { return c.DeleteSnapshot(cmd.Context(), id) })
+		},
+	}
+}
+
+// forEachArg applies op to every argument, printing each one that succeeded,
+// and reports every failure rather than stopping at the first.
+func forEachArg(cmd *cobra.Command, args []string, op func(string) error) error {
+	var errs []error
+	for _, a := range args {
+		if err := op(a); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		fmt.Fprintln(cmd.OutOrStdout(), a)
+	}
+	return errors.Join(errs...)
+}

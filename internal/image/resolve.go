@@ -1,0 +1,184 @@
+package image
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+)
+
+// Platform is the only platform sandboxes run; multi-platform indexes are
+// narrowed to it.
+var Platform = v1.Platform{OS: "linux", Architecture: "amd64"}
+
+// Resolve returns the image for ref, pulling it only if it is not already
+// local. Local names (previous pulls and loaded archives) always win over
+// the registry, so a loaded image resolves without network. ref may also be
+// a bare manifest digest ("sha256:…") of a stored image.
+//
+// auth nil means anonymous. progress, if non-nil, is called from the
+// pulling goroutines (serialised) as compressed layer bytes arrive.
+// Errors wrap errdefs.ErrInvalid (bad ref), ErrNotFound (no such image or
+// platform), ErrUnauthorized (credentials refused) or ErrUnavailable
+// (registry unreachable).
+func (s *Store) Resolve(ctx context.Context, ref string, auth authn.Authenticator, progress func(Progress)) (*Image, error) {
+	if isDigest(ref) {
+		img, err := s.imageByDigest("", ref)
+		if err != nil {
+			return nil, fmt.Errorf("resolve image %s: %w", ref, err)
+		}
+		return img, nil
+	}
+	r, err := s.parse(ref)
+	if err != nil {
+		return nil, fmt.Errorf("resolve image: %w", err)
+	}
+	canon := r.Name()
+	if img, err := s.lookup(canon); err == nil {
+		return img, nil
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, fmt.Errorf("resolve image %s: %w", ref, err)
+	}
+	if d, ok := r.(name.Digest); ok {
+		if img, err := s.imageByDigest(canon, d.DigestStr()); err == nil {
+			return img, nil
+		}
+	}
+	if auth == nil {
+		auth = authn.Anonymous
+	}
+	img, err := s.pull(ctx, r, auth, progress)
+	if err != nil {
+		return nil, fmt.Errorf("pull image %s: %w", ref, err)
+	}
+	return img, nil
+}
+
+func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authenticator, progress func(Progress)) (*Image, error) {
+	opts := []remote.Option{
+		remote.WithContext(ctx),
+		remote.WithAuth(auth),
+		remote.WithPlatform(Platform),
+	}
+	if s.isInsecure(r.Context().RegistryStr()) {
+		opts = append(opts, remote.WithTransport(insecureTransport()))
+	}
+	s.log.Info("image: pulling", "ref", r.Name())
+	img, err := remote.Image(r, opts...)
+	if err != nil {
+		return nil, classify(err)
+	}
+	src, err := sourceOf(img)
+	if err != nil {
+		return nil, classify(err)
+	}
+	out, err := s.ingest(ctx, src, []string{r.Name()}, true, progress)
+	if err != nil {
+		return nil, classify(err)
+	}
+	s.log.Info("image: pulled", "ref", r.Name(), "digest", out.Digest, "layers", len(out.Layers))
+	return out, nil
+}
+
+// canonical returns the store's key for ref: the fully qualified name
+// ("index.docker.io/library/busybox:latest").
+func (s *Store) canonical(ref string) (string, error) {
+	r, err := s.parse(ref)
+	if err != nil {
+		return "", err
+	}
+	return r.Name(), nil
+}
+
+// parse parses ref, marking loopback and configured insecure registries so
+// ggcr talks plain HTTP to them.
+func (s *Store) parse(ref string) (name.Reference, error) {
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		return nil, fmt.Errorf("parse image ref %q: %w: %w", ref, errdefs.ErrInvalid, err)
+	}
+	if !s.isInsecure(r.Context().RegistryStr()) {
+		return r, nil
+	}
+	r, err = name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		return nil, fmt.Errorf("parse image ref %q: %w: %w", ref, errdefs.ErrInvalid, err)
+	}
+	return r, nil
+}
+
+// isInsecure reports whether registry (HOST[:PORT]) is loopback or listed
+// by WithInsecureRegistries.
+func (s *Store) isInsecure(registry string) bool {
+	registry = strings.ToLower(registry)
+	host := registry
+	if h, _, err := net.SplitHostPort(registry); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if host == "localhost" {
+		return true
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return true
+	}
+	return s.insecure[registry] || s.insecure[host]
+}
+
+// insecureTransport skips TLS verification; ggcr falls back to plain HTTP
+// by itself for references parsed with name.Insecure.
+func insecureTransport() http.RoundTripper {
+	t := remote.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // operator-listed insecure registry
+	return t
+}
+
+// classify wraps a registry error with the errdefs kind callers act on.
+func classify(err error) error {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	for _, k := range []error{errdefs.ErrNotFound, errdefs.ErrInvalid, errdefs.ErrUnauthorized, errdefs.ErrUnavailable} {
+		if errors.Is(err, k) {
+			return err
+		}
+	}
+	var te *transport.Error
+	if errors.As(err, &te) {
+		for _, d := range te.Errors {
+			switch d.Code {
+			case transport.NameUnknownErrorCode, transport.ManifestUnknownErrorCode, transport.BlobUnknownErrorCode:
+				return fmt.Errorf("%w: %w", errdefs.ErrNotFound, err)
+			case transport.UnauthorizedErrorCode, transport.DeniedErrorCode:
+				return fmt.Errorf("%w: %w", errdefs.ErrUnauthorized, err)
+			}
+		}
+		switch {
+		case te.StatusCode == http.StatusNotFound:
+			return fmt.Errorf("%w: %w", errdefs.ErrNotFound, err)
+		case te.StatusCode == http.StatusUnauthorized || te.StatusCode == http.StatusForbidden:
+			return fmt.Errorf("%w: %w", errdefs.ErrUnauthorized, err)
+		case te.StatusCode == http.StatusTooManyRequests || te.StatusCode >= 500:
+			return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
+		}
+	}
+	if strings.Contains(err.Error(), "no child with platform") {
+		return fmt.Errorf("no %s/%s image: %w: %w", Platform.OS, Platform.Architecture, errdefs.ErrNotFound, err)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) {
+		return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
+	}
+	return err
+}

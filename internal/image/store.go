@@ -1,0 +1,422 @@
+// Package image turns OCI images — pulled from a registry or loaded from a
+// `docker save` / OCI archive — into a content-addressed local store of
+// unpacked layer directories that overlayfs can stack directly.
+//
+// Layout under the store root:
+//
+//	layers/sha256/<hex>/     one unpacked layer, named by its diffID; the
+//	                         directory is an overlayfs lower layer (OCI
+//	                         whiteouts already translated) and is never
+//	                         written again once it appears
+//	layers/sha256/<hex>.json sidecar: the layer's uncompressed size
+//	blobs/sha256/<hex>       raw manifests and image configs
+//	images/<hex>.json        one record per image, keyed by manifest digest
+//	refs/<sha256(ref)>.json  name → manifest digest (pulls and loads)
+//	tmp/                     staging; anything here is garbage at startup
+//
+// Invariants: a layer directory appears only through an atomic rename of a
+// fully unpacked, diffID-verified staging directory, and an image record or
+// ref is written only after all of its layers are present. So a reader that
+// sees a ref may use every layer it names without locking.
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// Image is a locally available image: every path in Layers exists and is
+// complete when an Image is returned.
+type Image struct {
+	// Ref is the canonical reference the image is known by
+	// (e.g. "index.docker.io/library/busybox:latest"), or "" for an
+	// untagged image loaded from an archive.
+	Ref string
+	// Digest is the manifest digest ("sha256:…").
+	Digest string
+	// Layers are absolute paths of the unpacked layer directories, bottom
+	// layer first. overlayfs wants the opposite order in lowerdir=.
+	Layers []string
+	// Config is the image's run configuration (user, working dir, env).
+	Config protocol.RunConfig
+	// Size is the sum of the layers' uncompressed tar sizes in bytes.
+	Size int64
+}
+
+// Progress reports bytes of layer data transferred during a pull (or read
+// during a load). Total is fixed for one Resolve call; Complete only grows.
+type Progress struct {
+	Total    int64
+	Complete int64
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithInsecureRegistries lists registries (HOST or HOST:PORT) reached over
+// plain HTTP or HTTPS without certificate verification. Loopback
+// registries are always treated this way.
+func WithInsecureRegistries(hosts []string) Option {
+	return func(s *Store) {
+		for _, h := range hosts {
+			s.insecure[strings.ToLower(strings.TrimSpace(h))] = true
+		}
+	}
+}
+
+// WithLogger sets the logger for pull and unpack events.
+func WithLogger(l *slog.Logger) Option {
+	return func(s *Store) {
+		if l != nil {
+			s.log = l
+		}
+	}
+}
+
+// Store is a content-addressed image store rooted in one directory. It is
+// safe for concurrent use by many goroutines; it assumes it is the only
+// process writing under its root.
+type Store struct {
+	root     string
+	log      *slog.Logger
+	insecure map[string]bool
+
+	// index serialises writes to refs/ and images/ against Remove.
+	index sync.Mutex
+
+	locksMu sync.Mutex
+	locks   map[string]chan struct{} // per-diffID unpack locks
+
+	unpacks atomic.Int64 // layers unpacked by this Store; for tests
+}
+
+// NewStore opens (creating if needed) a store at root. Staging leftovers
+// from a previous crash are removed.
+func NewStore(root string, opts ...Option) (*Store, error) {
+	abs, err := filepath.Abs(root)
+	if err != nil {
+		return nil, fmt.Errorf("image store %s: %w", root, err)
+	}
+	s := &Store{
+		root:     abs,
+		log:      slog.Default(),
+		insecure: map[string]bool{},
+		locks:    map[string]chan struct{}{},
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	if err := os.RemoveAll(filepath.Join(abs, "tmp")); err != nil {
+		return nil, fmt.Errorf("image store: clear staging: %w", err)
+	}
+	for _, d := range []string{"layers/sha256", "blobs/sha256", "images", "refs", "tmp"} {
+		if err := os.MkdirAll(filepath.Join(abs, d), 0o700); err != nil {
+			return nil, fmt.Errorf("image store: create %s: %w", d, err)
+		}
+	}
+	// The store root must be traversable so overlayfs mounts made in other
+	// user namespaces can reach the layers; the layers dir holds no secrets.
+	for _, d := range []string{".", "layers", "layers/sha256"} {
+		if err := os.Chmod(filepath.Join(abs, d), 0o711); err != nil {
+			return nil, fmt.Errorf("image store: chmod %s: %w", d, err)
+		}
+	}
+	return s, nil
+}
+
+// Root returns the store's absolute root directory.
+func (s *Store) Root() string { return s.root }
+
+// record is the on-disk form of an image (images/<hex>.json).
+type record struct {
+	Digest  string             `json:"digest"`
+	Config  string             `json:"config"`
+	DiffIDs []string           `json:"diff_ids"`
+	Size    int64              `json:"size"`
+	Run     protocol.RunConfig `json:"run_config"`
+}
+
+// refEntry is the on-disk form of a name (refs/<sha256(ref)>.json).
+type refEntry struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
+}
+
+func hexOf(digest string) (string, error) {
+	h, ok := strings.CutPrefix(digest, "sha256:")
+	if !ok || len(h) != 64 {
+		return "", fmt.Errorf("digest %q: %w", digest, errdefs.ErrInvalid)
+	}
+	if _, err := hex.DecodeString(h); err != nil {
+		return "", fmt.Errorf("digest %q: %w", digest, errdefs.ErrInvalid)
+	}
+	return h, nil
+}
+
+func (s *Store) layerDir(diffID string) (string, error) {
+	h, err := hexOf(diffID)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(s.root, "layers", "sha256", h), nil
+}
+
+func (s *Store) refPath(ref string) string {
+	sum := sha256.Sum256([]byte(ref))
+	return filepath.Join(s.root, "refs", hex.EncodeToString(sum[:])+".json")
+}
+
+// writeFileAtomic writes data to path via a staging file and rename, so
+// readers see either the old content or the new, never a torn file.
+func (s *Store) writeFileAtomic(path string, data []byte) error {
+	f, err := os.CreateTemp(filepath.Join(s.root, "tmp"), "write-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	return os.Rename(f.Name(), path)
+}
+
+func (s *Store) writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return s.writeFileAtomic(path, b)
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%s: %w", filepath.Base(path), errdefs.ErrNotFound)
+		}
+		return err
+	}
+	return json.Unmarshal(b, v)
+}
+
+// putBlob stores a small raw blob (manifest or config) by its digest.
+func (s *Store) putBlob(digest string, data []byte) error {
+	h, err := hexOf(digest)
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(s.root, "blobs", "sha256", h)
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	return s.writeFileAtomic(p, data)
+}
+
+// commit records an image whose layers are all present, and points refs at
+// it. It is the only writer of images/ and refs/ besides Remove.
+func (s *Store) commit(rec *record, refs []string) error {
+	h, err := hexOf(rec.Digest)
+	if err != nil {
+		return err
+	}
+	s.index.Lock()
+	defer s.index.Unlock()
+	if err := s.writeJSON(filepath.Join(s.root, "images", h+".json"), rec); err != nil {
+		return fmt.Errorf("write image record %s: %w", rec.Digest, err)
+	}
+	for _, r := range refs {
+		if err := s.writeJSON(s.refPath(r), refEntry{Ref: r, Digest: rec.Digest}); err != nil {
+			return fmt.Errorf("write ref %s: %w", r, err)
+		}
+	}
+	return nil
+}
+
+// imageByDigest builds an Image from its record, checking that every layer
+// is still present. A missing record or layer yields ErrNotFound.
+func (s *Store) imageByDigest(ref, digest string) (*Image, error) {
+	h, err := hexOf(digest)
+	if err != nil {
+		return nil, err
+	}
+	var rec record
+	if err := readJSON(filepath.Join(s.root, "images", h+".json"), &rec); err != nil {
+		return nil, fmt.Errorf("image %s: %w", digest, err)
+	}
+	img := &Image{Ref: ref, Digest: rec.Digest, Config: rec.Run, Size: rec.Size}
+	for _, d := range rec.DiffIDs {
+		dir, err := s.layerDir(d)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := os.Stat(dir); err != nil {
+			return nil, fmt.Errorf("image %s: layer %s: %w", digest, d, errdefs.ErrNotFound)
+		}
+		img.Layers = append(img.Layers, dir)
+	}
+	return img, nil
+}
+
+// lookup returns the locally stored image for a canonical ref, or an error
+// wrapping ErrNotFound.
+func (s *Store) lookup(ref string) (*Image, error) {
+	var e refEntry
+	if err := readJSON(s.refPath(ref), &e); err != nil {
+		return nil, fmt.Errorf("ref %s: %w", ref, err)
+	}
+	return s.imageByDigest(ref, e.Digest)
+}
+
+// List returns every locally stored image: one entry per ref, plus one
+// entry with an empty Ref for each image no ref points to. Sorted by Ref,
+// then Digest.
+func (s *Store) List(ctx context.Context) ([]*Image, error) {
+	refs, err := s.refs()
+	if err != nil {
+		return nil, err
+	}
+	var out []*Image
+	named := map[string]bool{}
+	for _, e := range refs {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		img, err := s.imageByDigest(e.Ref, e.Digest)
+		if err != nil {
+			s.log.Warn("image list: skipping broken ref", "ref", e.Ref, "err", err)
+			continue
+		}
+		named[e.Digest] = true
+		out = append(out, img)
+	}
+	recs, err := os.ReadDir(filepath.Join(s.root, "images"))
+	if err != nil {
+		return nil, fmt.Errorf("list images: %w", err)
+	}
+	for _, de := range recs {
+		h, ok := strings.CutSuffix(de.Name(), ".json")
+		if !ok || named["sha256:"+h] {
+			continue
+		}
+		img, err := s.imageByDigest("", "sha256:"+h)
+		if err != nil {
+			continue
+		}
+		out = append(out, img)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Ref != out[j].Ref {
+			return out[i].Ref < out[j].Ref
+		}
+		return out[i].Digest < out[j].Digest
+	})
+	return out, nil
+}
+
+func (s *Store) refs() ([]refEntry, error) {
+	des, err := os.ReadDir(filepath.Join(s.root, "refs"))
+	if err != nil {
+		return nil, fmt.Errorf("list refs: %w", err)
+	}
+	var out []refEntry
+	for _, de := range des {
+		var e refEntry
+		if err := readJSON(filepath.Join(s.root, "refs", de.Name()), &e); err != nil {
+			continue // removed concurrently
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// Remove forgets ref. Given a tag or name it removes just that name; given a
+// bare manifest digest ("sha256:…") it removes the image record and every
+// name pointing at it. Layer directories are kept (they may be shared and
+// mounted); a missing ref is ErrNotFound.
+func (s *Store) Remove(ctx context.Context, ref string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.index.Lock()
+	defer s.index.Unlock()
+	if isDigest(ref) {
+		h, _ := hexOf(ref)
+		rec := filepath.Join(s.root, "images", h+".json")
+		if _, err := os.Stat(rec); err != nil {
+			return fmt.Errorf("remove image %s: %w", ref, errdefs.ErrNotFound)
+		}
+		refs, err := s.refs()
+		if err != nil {
+			return err
+		}
+		for _, e := range refs {
+			if e.Digest == ref {
+				if err := os.Remove(s.refPath(e.Ref)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return fmt.Errorf("remove ref %s: %w", e.Ref, err)
+				}
+			}
+		}
+		if err := os.Remove(rec); err != nil {
+			return fmt.Errorf("remove image %s: %w", ref, err)
+		}
+		return nil
+	}
+	canon, err := s.canonical(ref)
+	if err != nil {
+		return fmt.Errorf("remove image %s: %w", ref, err)
+	}
+	if err := os.Remove(s.refPath(canon)); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove image %s: %w", ref, errdefs.ErrNotFound)
+		}
+		return fmt.Errorf("remove image %s: %w", ref, err)
+	}
+	return nil
+}
+
+// isDigest reports whether ref is a bare manifest digest ("sha256:<hex>").
+func isDigest(ref string) bool {
+	_, err := hexOf(ref)
+	return err == nil
+}
+
+// lockLayer takes the per-diffID unpack lock, honouring ctx while waiting.
+// The returned func releases it.
+func (s *Store) lockLayer(ctx context.Context, diffID string) (func(), error) {
+	s.locksMu.Lock()
+	ch, ok := s.locks[diffID]
+	if !ok {
+		ch = make(chan struct{}, 1)
+		s.locks[diffID] = ch
+	}
+	s.locksMu.Unlock()
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}

@@ -1,0 +1,186 @@
+package network
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+)
+
+// record is the persisted allocation of one sandbox: <StateDir>/<id>.json.
+// It is written once, atomically, and removed by Teardown.
+type record struct {
+	ID        string     `json:"id"`
+	Index     int        `json:"index"` // which /30 of the pool
+	HostIf    string     `json:"host_if"`
+	HostIP    netip.Addr `json:"host_ip"`
+	SandboxIP netip.Addr `json:"sandbox_ip"`
+	PrefixLen int        `json:"prefix_len"`
+}
+
+const recordExt = ".json"
+
+// hostIfName derives the host-side veth name from the id: "cb" + 10 hex
+// digits of sha256(id), 12 characters, within IFNAMSIZ-1.
+func hostIfName(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return HostIfPrefix + hex.EncodeToString(sum[:5])
+}
+
+func (m *Manager) recordPath(id string) string {
+	return filepath.Join(m.stateDir, id+recordExt)
+}
+
+func (m *Manager) netnsPath(id string) string { return filepath.Join(m.netnsDir, id) }
+
+// subnets is how many /30s fit in the pool.
+func (m *Manager) subnets() int { return 1 << (30 - m.pool.Bits()) }
+
+// subnet returns the host and sandbox addresses of the index-th /30.
+func (m *Manager) subnet(index int) (host, sandbox netip.Addr) {
+	b := m.pool.Addr().As4()
+	base := binary.BigEndian.Uint32(b[:]) + uint32(index)*4
+	var h, s [4]byte
+	binary.BigEndian.PutUint32(h[:], base+1)
+	binary.BigEndian.PutUint32(s[:], base+2)
+	return netip.AddrFrom4(h), netip.AddrFrom4(s)
+}
+
+// allocate picks the lowest free /30 for id and persists the record. The
+// caller holds id's lock and has checked that id has no record.
+func (m *Manager) allocate(id string) (*record, error) {
+	m.allocMu.Lock()
+	defer m.allocMu.Unlock()
+	recs, err := m.readRecords()
+	if err != nil {
+		return nil, err
+	}
+	used := make(map[int]bool, len(recs))
+	ifName := hostIfName(id)
+	for _, r := range recs {
+		used[r.Index] = true
+		if r.HostIf == ifName {
+			return nil, fmt.Errorf("interface name %s of %s already used by %s: %w", ifName, id, r.ID, errdefs.ErrConflict)
+		}
+	}
+	index := -1
+	for i := range m.subnets() {
+		if !used[i] {
+			index = i
+			break
+		}
+	}
+	if index < 0 {
+		return nil, fmt.Errorf("pool %s exhausted: %w", m.pool, errdefs.ErrUnavailable)
+	}
+	host, sandbox := m.subnet(index)
+	rec := &record{ID: id, Index: index, HostIf: ifName, HostIP: host, SandboxIP: sandbox, PrefixLen: 30}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return nil, fmt.Errorf("encode record: %w", err)
+	}
+	if err := writeFileAtomic(m.recordPath(id), data); err != nil {
+		return nil, fmt.Errorf("write record: %w", err)
+	}
+	return rec, nil
+}
+
+// readRecord loads id's record; errdefs.ErrNotFound if there is none.
+func (m *Manager) readRecord(id string) (*record, error) {
+	data, err := os.ReadFile(m.recordPath(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("allocation for %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read allocation: %w", err)
+	}
+	var r record
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("decode allocation %s: %w", m.recordPath(id), err)
+	}
+	if r.ID != id || !r.HostIP.Is4() || !r.SandboxIP.Is4() || r.HostIf == "" {
+		return nil, fmt.Errorf("allocation %s is inconsistent: %w", m.recordPath(id), errdefs.ErrInvalid)
+	}
+	return &r, nil
+}
+
+// readRecords loads every record in StateDir.
+func (m *Manager) readRecords() ([]*record, error) {
+	ents, err := os.ReadDir(m.stateDir)
+	if err != nil {
+		return nil, fmt.Errorf("read state dir: %w", err)
+	}
+	var recs []*record
+	for _, e := range ents {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasSuffix(name, recordExt) || strings.HasPrefix(name, ".") {
+			continue
+		}
+		id := strings.TrimSuffix(name, recordExt)
+		if validID(id) != nil {
+			continue
+		}
+		r, err := m.readRecord(id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue // removed concurrently
+		}
+		if err != nil {
+			return nil, err
+		}
+		recs = append(recs, r)
+	}
+	return recs, nil
+}
+
+// removeRecord deletes id's record; a missing record is not an error.
+func (m *Manager) removeRecord(id string) error {
+	if err := os.Remove(m.recordPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove allocation: %w", err)
+	}
+	return syncDir(m.stateDir)
+}
+
+// writeFileAtomic writes data to a temporary file beside path, syncs it and
+// renames it over path, so readers see the old content or the new, never a
+// torn file.
+func writeFileAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	_, werr := f.Write(data)
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(tmp, path)
+	}
+	if werr != nil {
+		_ = os.Remove(tmp)
+		return werr
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}

@@ -1,0 +1,125 @@
+package gvisor
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// reportPercentiles adds p50 and p90 of ds to b's output.
+func reportPercentiles(b *testing.B, ds []time.Duration) {
+	if len(ds) == 0 {
+		return
+	}
+	slices.Sort(ds)
+	b.ReportMetric(float64(ds[len(ds)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(ds[len(ds)*9/10].Microseconds())/1000, "p90-ms")
+}
+
+// BenchmarkBareRunsc is the baseline the driver is compared against:
+// `runsc --platform=systrap run` of the busybox rootfs running `echo hi`,
+// no network, runsc's default flags otherwise.
+func BenchmarkBareRunsc(b *testing.B) {
+	e := requireEnv(b)
+	merged, _ := rootFS(b)
+	bundle := b.TempDir()
+	spec := &specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: merged},
+		Process: &specs.Process{Args: []string{"/bin/echo", "hi"}, Cwd: "/", Env: []string{"PATH=/bin"}},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+		},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+			{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+		}},
+	}
+	data, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	root := filepath.Join(b.TempDir(), "runsc")
+	b.Cleanup(func() { exec.Command("umount", "-l", filepath.Join(root, "null-netns")).Run() })
+	var ds []time.Duration
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		t0 := time.Now()
+		out, err := exec.Command(e.runsc, "--root", root, "--platform=systrap", "--network=none",
+			"run", "--bundle", bundle, newID(b)).CombinedOutput()
+		ds = append(ds, time.Since(t0))
+		if err != nil || strings.TrimSpace(string(out)) != "hi" {
+			b.Fatalf("runsc run: %v: %s", err, out)
+		}
+	}
+	reportPercentiles(b, ds)
+}
+
+// BenchmarkStart measures Driver.Start until the stand-in agent answers on
+// the sandbox's address, for the chosen flags and the alternatives.
+func BenchmarkStart(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		opts []Option
+	}{
+		{"default", nil},
+		{"overlay-root-self", []Option{WithOverlay("root:self")}},
+		{"file-access-shared", []Option{WithFileAccess("shared")}},
+		{"host-settings-ignore", []Option{WithRunscFlags("--host-settings=ignore")}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			d := newDriver(b, c.opts...)
+			var ds []time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				merged, _ := rootFS(b)
+				ns, ip := netNS(b)
+				s := &sandbox{id: newID(b), ip: ip}
+				s.spec = runtime.Spec{ID: s.id, RootFS: merged, AgentBinary: testEnv.standin,
+					Env: []string{"STANDIN_PORT=" + standinPort}, Hostname: "bench", NetNS: ns}
+				b.StartTimer()
+				t0 := time.Now()
+				if err := d.Start(context.Background(), s.spec); err != nil {
+					b.Fatal(err)
+				}
+				waitReady(b, s)
+				ds = append(ds, time.Since(t0))
+				b.StopTimer()
+				if err := d.Stop(context.Background(), s.id); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			reportPercentiles(b, ds)
+		})
+	}
+}
+
+// BenchmarkSmallFiles compares in-sandbox small-file I/O on the root
+// filesystem with --overlay2=none (writes go to the host upper dir) and
+// gVisor's default root:self (writes stay in the Sentry's file store).
+func BenchmarkSmallFiles(b *testing.B) {
+	const script = `mkdir -p /work && cd /work && i=0; while [ $i -lt 1000 ]; do echo data$i > f$i; i=$((i+1)); done; cat f* > /dev/null; rm -rf /work`
+	for _, overlay := range []string{"none", "root:self"} {
+		b.Run(strings.ReplaceAll(overlay, ":", "-"), func(b *testing.B) {
+			d := newDriver(b, WithOverlay(overlay))
+			s := startSandbox(b, d, runtime.Limits{})
+			var ds []time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				s.sh(b, script)
+				ds = append(ds, time.Since(t0))
+			}
+			reportPercentiles(b, ds)
+		})
+	}
+}

@@ -1,0 +1,279 @@
+// Package gvisor is the default runtime driver: each sandbox runs under
+// gVisor's user-space kernel (the Sentry), started by an external runsc
+// binary, so the host kernel sees only the Sentry's small syscall surface.
+//
+// Layout: every sandbox owns stateDir/<id>/ (its OCI bundle: config.json,
+// the generated resolv.conf and hosts, runsc.log and console.log), and runsc
+// keeps its own container state under stateDir/runsc, shared by all ids.
+// That directory is all the driver persists, which is what lets a new Driver
+// (after a daemon restart) see and stop sandboxes an older one started.
+//
+// Invariants: stateDir/<id>/ exists exactly while runsc may hold state for
+// id; Start leaves neither behind on failure, and Stop removes both.
+//
+// Writes inside a sandbox land in the host-visible upper directory of the
+// overlay the manager mounted at Spec.RootFS, because the driver runs runsc
+// with --overlay2=none rather than gVisor's default in-sandbox file store.
+package gvisor
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"syscall"
+
+	"github.com/cubicle-dev/cubicle/internal/cleanup"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// Name is the driver's --runtime identifier.
+const Name = "gvisor"
+
+// Compile-time check that Driver implements runtime.Driver.
+var _ runtime.Driver = (*Driver)(nil)
+
+// idPattern is the only id shape accepted: runsc matches container ids by
+// prefix, which is safe only when every id has the same length.
+var idPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// Driver runs sandboxes under gVisor. It holds no per-sandbox memory: all
+// state lives in stateDir (see the package doc), so methods are safe for
+// concurrent use on different ids and any number of Drivers may share one
+// stateDir over time.
+type Driver struct {
+	runsc      string
+	stateDir   string
+	platform   string
+	overlay    string
+	fileAccess string
+	debugDir   string
+	hostResolv string
+	extraFlags []string
+}
+
+// Option configures a Driver.
+type Option func(*Driver)
+
+// WithDebugLog turns on runsc's --debug and writes its logs (runsc commands,
+// Sentry, gofer) under dir/<id>/. It is verbose and slows start-up; meant for
+// diagnosing a misbehaving sandbox, not for production.
+func WithDebugLog(dir string) Option { return func(d *Driver) { d.debugDir = dir } }
+
+// WithPlatform selects runsc's --platform (default systrap; kvm needs a
+// usable /dev/kvm).
+func WithPlatform(p string) Option { return func(d *Driver) { d.platform = p } }
+
+// WithOverlay sets runsc's --overlay2 (default "none", so writes reach the
+// host upper dir). "root:self" keeps root filesystem writes in a gVisor file
+// store instead: faster small-file I/O, but invisible to host snapshots.
+func WithOverlay(v string) Option { return func(d *Driver) { d.overlay = v } }
+
+// WithFileAccess sets runsc's --file-access for the root mount (default
+// "exclusive": the Sentry may cache the root filesystem because nothing on
+// the host modifies a running sandbox's rootfs). Use "shared" if something
+// outside the sandbox writes into it while it runs.
+func WithFileAccess(v string) Option { return func(d *Driver) { d.fileAccess = v } }
+
+// WithRunscFlags appends extra global runsc flags, given to every runsc
+// subcommand.
+func WithRunscFlags(flags ...string) Option {
+	return func(d *Driver) { d.extraFlags = append(d.extraFlags, flags...) }
+}
+
+// WithHostResolvConf sets the host resolv.conf the sandbox's nameservers are
+// derived from (default /etc/resolv.conf).
+func WithHostResolvConf(path string) Option { return func(d *Driver) { d.hostResolv = path } }
+
+// New returns a Driver that runs the runsc binary at runscPath and keeps its
+// state under stateDir, which it creates if needed.
+func New(runscPath, stateDir string, opts ...Option) (*Driver, error) {
+	if runscPath == "" || stateDir == "" {
+		return nil, fmt.Errorf("new gvisor driver: runsc path and state dir are required: %w", errdefs.ErrInvalid)
+	}
+	if _, err := os.Stat(runscPath); err != nil {
+		return nil, fmt.Errorf("new gvisor driver: runsc: %w", err)
+	}
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		return nil, fmt.Errorf("new gvisor driver: state dir: %w", err)
+	}
+	d := &Driver{
+		runsc:      runscPath,
+		stateDir:   abs,
+		platform:   "systrap",
+		overlay:    "none",
+		fileAccess: "exclusive",
+		hostResolv: "/etc/resolv.conf",
+	}
+	for _, o := range opts {
+		o(d)
+	}
+	if err := os.MkdirAll(d.runscRoot(), 0o700); err != nil {
+		return nil, fmt.Errorf("new gvisor driver: create state dir: %w", err)
+	}
+	return d, nil
+}
+
+// Name returns "gvisor".
+func (d *Driver) Name() string { return Name }
+
+func (d *Driver) runscRoot() string          { return filepath.Join(d.stateDir, "runsc") }
+func (d *Driver) bundleDir(id string) string { return filepath.Join(d.stateDir, id) }
+
+// Start writes the sandbox's OCI bundle and has runsc create and start it,
+// detached: runsc runs in its own session and moves the sandbox into the
+// cgroup /cubicle/<id>, so the sandbox outlives the daemon. On failure the
+// error carries the tail of runsc's log and nothing of id remains.
+func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
+	if err := validate(spec); err != nil {
+		return err
+	}
+	dir := d.bundleDir(spec.ID)
+	if _, err := os.Stat(dir); err == nil {
+		// A previous instance left state: refuse if it is alive, else
+		// clear it so runsc does not report the id as taken.
+		running, err := d.Running(ctx, spec.ID)
+		if err != nil {
+			return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+		}
+		if running {
+			return fmt.Errorf("start sandbox %s: already running: %w", spec.ID, errdefs.ErrConflict)
+		}
+		if err := d.Stop(ctx, spec.ID); err != nil {
+			return fmt.Errorf("start sandbox %s: clear stale state: %w", spec.ID, err)
+		}
+	}
+
+	var undo cleanup.Stack
+	defer undo.Run(ctx)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("start sandbox %s: create bundle dir: %w", spec.ID, err)
+	}
+	undo.Push(func(context.Context) error { return os.RemoveAll(dir) })
+	if err := writeBundle(dir, spec, d.hostResolv); err != nil {
+		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
+	// runsc may have created part of the sandbox before failing.
+	undo.Push(func(ctx context.Context) error { return d.destroy(ctx, spec.ID) })
+	if err := d.runDetached(ctx, spec.ID, dir); err != nil {
+		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
+	undo.Release()
+	return nil
+}
+
+// runDetached runs `runsc run --detach`, which creates and starts the
+// sandbox in one process and returns once PID 1 has been started.
+//
+// Stdio: stdin is /dev/null and stdout/stderr go to console.log, a file
+// rather than a pipe. The sandbox inherits these descriptors and keeps them
+// for its whole life, so a pipe would make cmd.Wait block until the sandbox
+// exits and would give the agent EPIPE/SIGPIPE once the daemon is gone.
+func (d *Driver) runDetached(ctx context.Context, id, dir string) error {
+	devNull, err := os.Open(os.DevNull)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", os.DevNull, err)
+	}
+	defer devNull.Close()
+	consolePath := filepath.Join(dir, consoleFile)
+	console, err := os.OpenFile(consolePath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("create console log: %w", err)
+	}
+	defer console.Close()
+
+	logPath := filepath.Join(dir, runscLog)
+	args := []string{"--log", logPath, "--log-format=text"}
+	if d.debugDir != "" {
+		args = append(args, "--debug", "--debug-log", filepath.Join(d.debugDir, id)+"/")
+	}
+	args = append(args, "run", "--detach", "--bundle", dir, id)
+	cmd := d.command(ctx, args...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devNull, console, console
+	// Its own session: no signal aimed at the daemon's process group or
+	// terminal reaches the sandbox. No Pdeathsig, deliberately.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Run(); err != nil {
+		msg := tailFile(logPath, 2048)
+		if c := tailFile(consolePath, 1024); c != "" {
+			msg += "\n" + c
+		}
+		return fmt.Errorf("runsc run: %w: %s", err, msg)
+	}
+	return nil
+}
+
+// Stop kills every process of sandbox id and deletes runsc's state and the
+// bundle directory. It is idempotent: an unknown or already dead id is fine.
+func (d *Driver) Stop(ctx context.Context, id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("stop sandbox %q: malformed id: %w", id, errdefs.ErrInvalid)
+	}
+	if err := d.destroy(ctx, id); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
+	if err := os.RemoveAll(d.bundleDir(id)); err != nil {
+		return fmt.Errorf("stop sandbox %s: remove state: %w", id, err)
+	}
+	return nil
+}
+
+// destroy kills and deletes runsc's container id, tolerating an id runsc
+// does not know. The kill is best effort: delete --force kills the sandbox
+// anyway, the kill only makes processes die before their sandbox does.
+func (d *Driver) destroy(ctx context.Context, id string) error {
+	_, _ = d.run(ctx, "kill", "--all", id, "KILL")
+	if _, err := d.run(ctx, "delete", "--force", id); err != nil && !isNotExist(err) {
+		return err
+	}
+	return nil
+}
+
+// containerState is the part of `runsc state`'s JSON the driver reads.
+type containerState struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+}
+
+// Running reports whether sandbox id's PID 1 is alive, asking runsc (so it
+// works for sandboxes started by an earlier daemon). An unknown id is simply
+// not running. A sandbox whose Sentry was killed (e.g. by the host OOM
+// killer) is reported stopped.
+func (d *Driver) Running(ctx context.Context, id string) (bool, error) {
+	if !idPattern.MatchString(id) {
+		return false, fmt.Errorf("sandbox %q: malformed id: %w", id, errdefs.ErrInvalid)
+	}
+	out, err := d.run(ctx, "state", id)
+	if err != nil {
+		if isNotExist(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("state of sandbox %s: %w", id, err)
+	}
+	var st containerState
+	if err := json.Unmarshal(out, &st); err != nil {
+		return false, fmt.Errorf("state of sandbox %s: decode %q: %w", id, out, err)
+	}
+	return st.Status == "running", nil
+}
+
+// validate checks what Start needs from spec before touching anything.
+func validate(spec runtime.Spec) error {
+	if !idPattern.MatchString(spec.ID) {
+		return fmt.Errorf("start sandbox %q: id must be 32 lowercase hex digits: %w", spec.ID, errdefs.ErrInvalid)
+	}
+	for what, p := range map[string]string{"rootfs": spec.RootFS, "agent binary": spec.AgentBinary, "network namespace": spec.NetNS} {
+		if p == "" || !filepath.IsAbs(p) {
+			return fmt.Errorf("start sandbox %s: %s path %q must be absolute: %w", spec.ID, what, p, errdefs.ErrInvalid)
+		}
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("start sandbox %s: %s: %w: %w", spec.ID, what, errdefs.ErrInvalid, err)
+		}
+	}
+	return nil
+}

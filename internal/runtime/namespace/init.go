@@ -1,0 +1,273 @@
+package namespace
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	goruntime "runtime"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// InitArg is the first argument that makes a binary act as the sandbox init
+// (see Init). The daemon's binary handles it as the hidden `cubicle nsinit`.
+const InitArg = "nsinit"
+
+// File descriptors handed to init by Start.
+const (
+	configFD     = 3 // read: initConfig as JSON; EOF means "cgroups joined, go"
+	statusFD     = 4 // write, close-on-exec: error text, or EOF once the agent is exec'd
+	firstMountFD = 5 // detached mounts listed in initConfig.Mounts
+)
+
+// initConfig is what Start tells init, over configFD.
+type initConfig struct {
+	Hostname string    `json:"hostname"`
+	Env      []string  `json:"env"`
+	Mounts   []fdMount `json:"mounts"`
+}
+
+// Init is the entry point of the sandbox's PID 1 before it becomes the agent.
+// Run it when os.Args[1] == InitArg, first thing in main (or TestMain); it
+// never returns. It runs as root of the new user namespace, builds the
+// sandbox's filesystem, drops privileges and execs the agent.
+func Init() {
+	// Namespaces, credentials and seccomp below are per thread; exec happens
+	// from this same thread, so the agent inherits exactly them.
+	goruntime.LockOSThread()
+	unix.FcntlInt(statusFD, unix.F_SETFD, unix.FD_CLOEXEC)
+	err := runInit()
+	msg := fmt.Sprintf("nsinit: %v\n", err)
+	unix.Write(statusFD, []byte(msg))
+	os.Stderr.WriteString(msg)
+	os.Exit(1)
+}
+
+func runInit() error {
+	f := os.NewFile(configFD, "config")
+	var cfg initConfig
+	if err := json.NewDecoder(f).Decode(&cfg); err != nil {
+		return fmt.Errorf("read config: %w", err)
+	}
+	f.Close()
+	if len(cfg.Mounts) == 0 || cfg.Mounts[0].Target != "/" {
+		return errors.New("config: rootfs mount missing")
+	}
+	// The daemon has moved us into the sandbox's cgroups by now: a cgroup
+	// namespace rooted here hides the host's hierarchy.
+	if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		return fmt.Errorf("unshare cgroupns: %w", err)
+	}
+	if cfg.Hostname != "" {
+		if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
+			return fmt.Errorf("sethostname: %w", err)
+		}
+	}
+	if err := setupRoot(cfg.Mounts); err != nil {
+		return err
+	}
+	if err := dropPrivileges(); err != nil {
+		return err
+	}
+	env := withDefaults(cfg.Env)
+	err := unix.Exec(runtime.AgentMountPath, []string{runtime.AgentMountPath, "agent"}, env)
+	return fmt.Errorf("exec agent: %w", err)
+}
+
+// setupRoot makes the idmapped rootfs the root, with fresh /proc, a minimal
+// /dev, read-only /sys and the daemon's bind mounts, and the host's tree
+// detached.
+func setupRoot(mounts []fdMount) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make / private: %w", err)
+	}
+	// Mounts that must be made while the host's tree is still visible:
+	// proc (the kernel only allows it while a full proc is visible) and
+	// the recursive read-only clone of /sys.
+	proc, err := newFS("proc", "", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(proc)
+	sys, err := unix.OpenTree(unix.AT_FDCWD, "/sys", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+	if err != nil {
+		return fmt.Errorf("clone /sys: %w", err)
+	}
+	defer unix.Close(sys)
+	ro := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
+	if err := unix.MountSetattr(sys, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &ro); err != nil {
+		return fmt.Errorf("read-only /sys: %w", err)
+	}
+
+	// Attach the rootfs on a scratch tmpfs (a path init can reach without
+	// host privileges), and pivot into it.
+	if err := unix.Mount("tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700,size=4k"); err != nil {
+		return fmt.Errorf("scratch tmpfs: %w", err)
+	}
+	if err := unix.Mkdir("/tmp/root", 0o700); err != nil {
+		return fmt.Errorf("scratch dir: %w", err)
+	}
+	if err := unix.MoveMount(mounts[0].FD, "", unix.AT_FDCWD, "/tmp/root", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach rootfs: %w", err)
+	}
+	unix.Close(mounts[0].FD)
+	if err := unix.Chdir("/tmp/root"); err != nil {
+		return fmt.Errorf("chdir rootfs: %w", err)
+	}
+	// pivot_root(".", ".") stacks the old root on the new one; detaching it
+	// leaves the host's tree unreachable (no put_old dir in the image).
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return err
+	}
+	// From here every path resolves inside the sandbox's root.
+	if err := attach(proc, "/proc", false); err != nil {
+		return err
+	}
+	if err := attach(sys, "/sys", false); err != nil {
+		return err
+	}
+	if _, err := os.Stat("/sys/fs/cgroup"); err == nil {
+		// Hide the host's cgroup tree.
+		if err := unix.Mount("tmpfs", "/sys/fs/cgroup", "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555"); err != nil {
+			return fmt.Errorf("mask /sys/fs/cgroup: %w", err)
+		}
+	}
+	if err := setupDev(); err != nil {
+		return err
+	}
+	for _, m := range mounts[1:] {
+		if err := attach(m.FD, m.Target, m.File); err != nil {
+			return err
+		}
+		unix.Close(m.FD)
+	}
+	return nil
+}
+
+// setupDev mounts a tmpfs /dev with pts, shm and the usual symlinks. Device
+// nodes are bound from the host by the caller (mounts with /dev/ targets).
+func setupDev() error {
+	if err := ensure("/dev", false); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=65536k"); err != nil {
+		return fmt.Errorf("mount /dev: %w", err)
+	}
+	for _, d := range []string{"/dev/pts", "/dev/shm"} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
+		return fmt.Errorf("mount /dev/pts: %w", err)
+	}
+	if err := unix.Mount("shm", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size=65536k"); err != nil {
+		return fmt.Errorf("mount /dev/shm: %w", err)
+	}
+	links := [][2]string{
+		{"pts/ptmx", "/dev/ptmx"}, {"/proc/self/fd", "/dev/fd"},
+		{"/proc/self/fd/0", "/dev/stdin"}, {"/proc/self/fd/1", "/dev/stdout"},
+		{"/proc/self/fd/2", "/dev/stderr"}, {"/proc/kcore", "/dev/core"},
+	}
+	for _, l := range links {
+		if err := os.Symlink(l[0], l[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// newFS creates a detached mount of a fresh filesystem.
+func newFS(fstype, source string, attrs int) (int, error) {
+	fs, err := unix.Fsopen(fstype, unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsopen %s: %w", fstype, err)
+	}
+	defer unix.Close(fs)
+	if source != "" {
+		if err := unix.FsconfigSetString(fs, "source", source); err != nil {
+			return -1, fmt.Errorf("%s source: %w", fstype, err)
+		}
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return -1, fmt.Errorf("create %s: %w", fstype, err)
+	}
+	fd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, attrs)
+	if err != nil {
+		return -1, fmt.Errorf("fsmount %s: %w", fstype, err)
+	}
+	return fd, nil
+}
+
+// attach moves the detached mount fd onto target, creating the mount point.
+func attach(fd int, target string, file bool) error {
+	if err := ensure(target, file); err != nil {
+		return err
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mount %s: %w", target, err)
+	}
+	return nil
+}
+
+// ensure creates a mount point (and its parents) when missing. A dangling
+// symlink (e.g. /etc/resolv.conf → a systemd runtime file) is replaced.
+// These writes land in the sandbox's upper dir, never in image layers.
+func ensure(p string, file bool) error {
+	if _, err := os.Stat(p); err == nil {
+		return nil
+	}
+	if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		if err := os.Remove(p); err != nil {
+			return fmt.Errorf("mount point %s: %w", p, err)
+		}
+	}
+	dir := p
+	if file {
+		dir = path.Dir(p)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("mount point %s: %w", p, err)
+	}
+	if file {
+		f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			return fmt.Errorf("mount point %s: %w", p, err)
+		}
+		f.Close()
+	}
+	return nil
+}
+
+// withDefaults adds PATH, HOME and TERM when the agent's env lacks them.
+func withDefaults(env []string) []string {
+	defaults := map[string]string{
+		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME": "/root",
+	}
+	out := append([]string(nil), env...)
+	for k, v := range defaults {
+		found := false
+		for _, e := range env {
+			if strings.HasPrefix(e, k+"=") {
+				found = true
+				break
+			}
+		}
+		if !found {
+			out = append(out, k+"="+v)
+		}
+	}
+	return out
+}

@@ -1,0 +1,78 @@
+package namespace
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// fdMount tells init to attach the detached mount it received as fd FD at
+// Target (a path inside the sandbox). The rootfs is always first, at "/".
+type fdMount struct {
+	FD     int    `json:"fd"`
+	Target string `json:"target"`
+	File   bool   `json:"file,omitempty"` // mount point is a file, not a dir
+}
+
+// detachedMounts are mounts the daemon prepares for init as detached mount
+// fds (open_tree/fsmount), so that init — unprivileged on the host — never
+// has to traverse host paths such as the daemon's private state dir.
+type detachedMounts struct {
+	files   []*os.File
+	targets []fdMount
+}
+
+func (m *detachedMounts) add(fd int, target string, file bool) {
+	m.targets = append(m.targets, fdMount{FD: firstMountFD + len(m.files), Target: target, File: file})
+	m.files = append(m.files, os.NewFile(uintptr(fd), target))
+}
+
+func (m *detachedMounts) close() {
+	for _, f := range m.files {
+		f.Close()
+	}
+}
+
+// hostDevices are bound from the host into the sandbox's tmpfs /dev; a user
+// namespace may not mknod.
+var hostDevices = [...]string{"null", "zero", "full", "random", "urandom", "tty"}
+
+// hostMounts builds every detached mount init needs: the idmapped rootfs,
+// the agent binary (read-only), resolv.conf, hosts and the device nodes.
+func hostMounts(spec runtime.Spec, usernsFD int, resolv, hosts string) (*detachedMounts, error) {
+	m := &detachedMounts{}
+	root, err := idmappedRoot(spec.RootFS, usernsFD)
+	if err != nil {
+		return m, fmt.Errorf("rootfs: %w", err)
+	}
+	m.add(root, "/", false)
+	binds := []struct {
+		src, target string
+		attr        uint64
+	}{
+		{spec.AgentBinary, runtime.AgentMountPath, unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV},
+		{resolv, "/etc/resolv.conf", unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC},
+		{hosts, "/etc/hosts", unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC},
+	}
+	for _, dev := range hostDevices {
+		binds = append(binds, struct {
+			src, target string
+			attr        uint64
+		}{"/dev/" + dev, "/dev/" + dev, unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC})
+	}
+	for _, b := range binds {
+		fd, err := unix.OpenTree(unix.AT_FDCWD, b.src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		if err != nil {
+			return m, fmt.Errorf("open_tree %s: %w", b.src, err)
+		}
+		m.add(fd, b.target, true)
+		attr := unix.MountAttr{Attr_set: b.attr}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+			return m, fmt.Errorf("mount_setattr %s: %w", b.src, err)
+		}
+	}
+	return m, nil
+}

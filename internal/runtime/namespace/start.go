@@ -1,0 +1,294 @@
+package namespace
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/cleanup"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// Start implements runtime.Driver. It returns once the agent has been exec'd
+// as PID 1; on error nothing is left running and stateDir/<id> is removed.
+func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
+	if err := validID(spec.ID); err != nil {
+		return err
+	}
+	if spec.RootFS == "" || spec.AgentBinary == "" || spec.NetNS == "" {
+		return fmt.Errorf("start %s: rootfs, agent binary and netns are required: %w", spec.ID, errdefs.ErrInvalid)
+	}
+	if ok, err := d.Running(ctx, spec.ID); err != nil || ok {
+		if err == nil {
+			err = errdefs.ErrConflict
+		}
+		return fmt.Errorf("start %s: already running: %w", spec.ID, err)
+	}
+	// A dead sandbox's leftovers (daemon crash) must not leak into this one.
+	if err := d.Stop(ctx, spec.ID); err != nil {
+		return err
+	}
+
+	var undo cleanup.Stack
+	defer undo.Run(ctx)
+	dir := d.dir(spec.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	undo.Push(func(context.Context) error { return os.RemoveAll(dir) })
+
+	resolv, hosts := filepath.Join(dir, "resolv.conf"), filepath.Join(dir, "hosts")
+	if err := d.writeNetFiles(resolv, hosts, spec.Hostname); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+
+	cg := d.cgroupsFor(spec.ID)
+	undo.Push(func(ctx context.Context) error { return cg.remove(ctx) })
+	if err := cg.create(spec.Limits); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+
+	usernsFD, err := d.userns()
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	mounts, err := hostMounts(spec, usernsFD, resolv, hosts)
+	defer mounts.close()
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	cfg := initConfig{Hostname: spec.Hostname, Env: spec.Env, Mounts: mounts.targets}
+
+	cmd, pipes, err := d.spawn(spec, mounts.files)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	defer pipes.close()
+	undo.Push(func(context.Context) error {
+		cmd.Process.Kill()
+		return cmd.Wait()
+	})
+	pid := cmd.Process.Pid
+
+	// PID 1 waits on its config pipe: join the cgroups before it runs anything.
+	if err := cg.add(pid); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	if err := json.NewEncoder(pipes.config).Encode(cfg); err != nil {
+		return fmt.Errorf("start %s: send init config: %w", spec.ID, err)
+	}
+	pipes.config.Close()
+	if err := waitExec(ctx, pipes.status); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	start, _, err := procStat(pid)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	if err := d.writeState(spec.ID, state{PID: pid, StartTime: start}); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	// Reap PID 1 while this process lives; after a daemon exit, the
+	// sandbox is re-parented and reaped by the host's init.
+	go cmd.Wait()
+	undo.Release()
+	return nil
+}
+
+// initPipes are the daemon's ends of the pipes to a starting init.
+type initPipes struct {
+	config *os.File // write end of fd 3: config, and the go-ahead on EOF
+	status *os.File // read end of fd 4: error text, or EOF on exec
+}
+
+func (p initPipes) close() {
+	p.config.Close()
+	p.status.Close()
+}
+
+// spawn forks the init binary into new namespaces, from a thread that has
+// joined spec.NetNS (a forked child inherits the forking thread's netns).
+func (d *Driver) spawn(spec runtime.Spec, mounts []*os.File) (*exec.Cmd, initPipes, error) {
+	var p initPipes
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return nil, p, err
+	}
+	defer cfgR.Close()
+	stR, stW, err := os.Pipe()
+	if err != nil {
+		cfgW.Close()
+		return nil, p, err
+	}
+	defer stW.Close()
+	p = initPipes{config: cfgW, status: stR}
+	log, err := os.OpenFile(filepath.Join(d.dir(spec.ID), "init.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		p.close()
+		return nil, initPipes{}, err
+	}
+	defer log.Close()
+
+	cmd := &exec.Cmd{
+		Path:       d.initPath,
+		Args:       []string{d.initPath, InitArg},
+		Env:        []string{},
+		Stdout:     log,
+		Stderr:     log,
+		ExtraFiles: append([]*os.File{cfgR, stW}, mounts...), // fds 3, 4, 5...
+		SysProcAttr: &syscall.SysProcAttr{
+			Setsid: true,
+			Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
+				unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
+			UidMappings:                idMap(),
+			GidMappings:                idMap(),
+			GidMappingsEnableSetgroups: true,
+		},
+	}
+	if err := startInNetns(cmd, spec.NetNS); err != nil {
+		p.close()
+		return nil, initPipes{}, err
+	}
+	return cmd, p, nil
+}
+
+// startInNetns starts cmd from a locked OS thread switched to netnsPath.
+func startInNetns(cmd *exec.Cmd, netnsPath string) error {
+	target, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open netns: %w", err)
+	}
+	defer unix.Close(target)
+	goruntime.LockOSThread()
+	orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		goruntime.UnlockOSThread()
+		return fmt.Errorf("open own netns: %w", err)
+	}
+	defer unix.Close(orig)
+	if err := unix.Setns(target, unix.CLONE_NEWNET); err != nil {
+		goruntime.UnlockOSThread()
+		return fmt.Errorf("join netns %s: %w", netnsPath, err)
+	}
+	startErr := cmd.Start()
+	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
+		// Leave the thread locked: the runtime discards it when this
+		// goroutine exits instead of reusing it in the wrong netns.
+		if startErr == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+		return fmt.Errorf("restore netns: %w", err)
+	}
+	goruntime.UnlockOSThread()
+	if startErr != nil {
+		return fmt.Errorf("start init: %w", startErr)
+	}
+	return nil
+}
+
+// waitExec reads the init's status pipe: EOF alone means the agent was
+// exec'd (the write end is close-on-exec), anything else is init's error.
+func waitExec(ctx context.Context, status *os.File) error {
+	type result struct {
+		b   []byte
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		b, err := io.ReadAll(status)
+		ch <- result{b, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return fmt.Errorf("read init status: %w", r.err)
+		}
+		if len(r.b) > 0 {
+			return fmt.Errorf("sandbox init: %s", bytes.TrimSpace(r.b))
+		}
+		return nil
+	case <-ctx.Done():
+		status.Close() // unblocks the reader
+		return fmt.Errorf("waiting for sandbox init: %w", ctx.Err())
+	}
+}
+
+// procStat returns field 22 (start time) of /proc/<pid>/stat and whether
+// the process is a zombie.
+func procStat(pid int) (uint64, bool, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, false, err
+	}
+	// comm (field 2) may contain spaces and parentheses: parse after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, false, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	// f[0] is field 3 (state); field 22 is f[19].
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	return start, f[0] == "Z" || f[0] == "X", err
+}
+
+// writeNetFiles generates the sandbox's resolv.conf and hosts, owned by the
+// sandbox's root so that root inside may edit them.
+func (d *Driver) writeNetFiles(resolvPath, hostsPath, hostname string) error {
+	var rc strings.Builder
+	n := 0
+	if f, err := os.Open(d.resolvConf); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 2 {
+				continue
+			}
+			switch fields[0] {
+			case "nameserver":
+				// A loopback resolver (systemd-resolved's 127.0.0.53) is
+				// unreachable from the sandbox's own loopback.
+				if a, err := netip.ParseAddr(fields[1]); err == nil && !a.IsLoopback() {
+					fmt.Fprintf(&rc, "nameserver %s\n", a)
+					n++
+				}
+			case "search", "options":
+				fmt.Fprintln(&rc, strings.Join(fields, " "))
+			}
+		}
+		f.Close()
+	}
+	if n == 0 {
+		rc.WriteString("nameserver 1.1.1.1\nnameserver 8.8.8.8\n")
+	}
+	hosts := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+	if hostname != "" {
+		hosts += "127.0.1.1\t" + hostname + "\n"
+	}
+	for name, content := range map[string]string{resolvPath: rc.String(), hostsPath: hosts} {
+		if err := os.WriteFile(name, []byte(content), 0o644); err != nil {
+			return err
+		}
+		if err := os.Chown(name, hostIDBase, hostIDBase); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,67 @@
+// Package runtime defines the seam between the sandbox manager and the
+// isolation technology that actually runs a sandbox.
+//
+// A Driver starts the in-sandbox agent as PID 1 inside an isolation boundary
+// (gVisor's user-space kernel, Linux namespaces, or later a microVM) on a root
+// filesystem and network namespace that the manager has already prepared. The
+// driver owns nothing else: storage and network are set up and torn down by
+// the manager, so every driver sees the same inputs.
+package runtime
+
+import (
+	"context"
+)
+
+// AgentMountPath is where the cubicle binary appears, read-only, inside every
+// sandbox. PID 1 is AgentMountPath with the arguments "agent".
+const AgentMountPath = "/.cubicle/cubicle"
+
+// Limits are resource bounds enforced by the driver (cgroups or equivalent).
+// A zero field means "no limit beyond the host default".
+type Limits struct {
+	// MilliCPUs bounds CPU time: 1000 is one full core.
+	MilliCPUs int64
+	// MemBytes bounds memory; exceeding it gets processes OOM-killed.
+	MemBytes int64
+	// PidsMax bounds the number of tasks (fork-bomb protection).
+	PidsMax int64
+}
+
+// Spec describes one sandbox instance to start.
+type Spec struct {
+	// ID is the sandbox's fixed-length (32 lowercase hex) id. Drivers use it
+	// as their container id; fixed length avoids runsc's prefix matching.
+	ID string
+	// RootFS is the host path of the already-mounted root filesystem.
+	RootFS string
+	// AgentBinary is the host path of the cubicle binary, bound read-only at
+	// AgentMountPath.
+	AgentBinary string
+	// Env is the environment of PID 1 (the agent), e.g. its token and port.
+	Env []string
+	// Hostname is the sandbox's UTS hostname.
+	Hostname string
+	// NetNS is the path of a network namespace (bind-mounted nsfs file) that
+	// the sandbox joins. The manager has configured its interfaces.
+	NetNS string
+	// Limits are enforced by the driver.
+	Limits Limits
+}
+
+// Driver runs sandboxes. Implementations must be safe for concurrent use on
+// different ids, and must keep instances alive when the daemon exits, so that
+// a restarted daemon can re-adopt them (Running reports them).
+type Driver interface {
+	// Name is the driver's identifier as given to --runtime.
+	Name() string
+	// Start launches the agent as PID 1 and returns once it is started
+	// (the caller waits for the agent to answer). On error nothing is left
+	// running and no driver state remains for spec.ID.
+	Start(ctx context.Context, spec Spec) error
+	// Stop kills every process of the sandbox and removes the driver's
+	// state for id. The root filesystem is left untouched. Stopping an id
+	// that is not running is not an error.
+	Stop(ctx context.Context, id string) error
+	// Running reports whether the sandbox id is alive (used on recovery).
+	Running(ctx context.Context, id string) (bool, error)
+}

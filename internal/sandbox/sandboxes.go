@@ -1,0 +1,382 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/cleanup"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"github.com/google/uuid"
+)
+
+// CreateSandbox validates req, records a provisioning sandbox and boots it.
+// With wait, it blocks until the sandbox is ready, failed, or timeout passes
+// (then it returns the provisioning record and an error wrapping
+// errdefs.ErrTimeout; the boot goes on in the background).
+func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxRequest) (*store.Sandbox, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lim := m.cfg.Limits
+	if err := validateSandboxRequest(req, lim); err != nil {
+		return nil, err
+	}
+	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	sb := &store.Sandbox{
+		ID: uuid.NewString(), WorkspaceID: p.WorkspaceID, CreatedBy: p.User, Name: req.Name,
+		Status: protocol.StatusProvisioning, SnapshotID: sn.ID, Runtime: m.cfg.Driver.Name(),
+		VCPUs: or(req.VCPUs, lim.DefaultVCPUs), MemBytes: or(req.MemBytes, lim.DefaultMemBytes),
+		FSCapacityBytes:        or(req.FSCapacityBytes, sn.FSCapacityBytes),
+		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
+		DeleteAfterStopSeconds: or(req.DeleteAfterStopSeconds, lim.DefaultDeleteAfterStop),
+		RunConfig:              req.RunConfig, Token: randomHex(32), CreatedAt: now, UpdatedAt: now,
+	}
+	if sb.Name == "" {
+		sb.Name = "sandbox-" + randomHex(4)
+	}
+	if err := m.cfg.Store.CreateSandbox(ctx, sb); err != nil {
+		return nil, err
+	}
+	done := make(chan error, 1)
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		unlock := m.lock(sb.ID)
+		err := m.boot(context.WithoutCancel(ctx), sb, sn)
+		unlock()
+		done <- err
+	}()
+	wait := req.WaitForReady == nil || *req.WaitForReady
+	if !wait {
+		return sb, nil
+	}
+	timeout := 30 * time.Second
+	if req.Timeout != nil {
+		timeout = time.Duration(*req.Timeout) * time.Second
+	}
+	select {
+	case err := <-done:
+		cur, gerr := m.cfg.Store.GetSandboxByID(ctx, sb.ID)
+		if gerr != nil {
+			return nil, gerr
+		}
+		if err != nil {
+			return cur, fmt.Errorf("boot sandbox %s: %w", sb.Name, err)
+		}
+		return cur, nil
+	case <-time.After(timeout):
+		return sb, fmt.Errorf("sandbox %s not ready within %s: %w", sb.Name, timeout, errdefs.ErrTimeout)
+	case <-ctx.Done():
+		return sb, ctx.Err()
+	}
+}
+
+func or(v *int64, def int64) int64 {
+	if v != nil {
+		return *v
+	}
+	return def
+}
+
+// BootError marks a boot failure caused by the sandbox's configuration or
+// image (reported as a creation error), as opposed to an internal fault.
+type BootError struct{ Err error }
+
+func (e *BootError) Error() string { return e.Err.Error() }
+func (e *BootError) Unwrap() error { return e.Err }
+
+// boot brings sb from provisioning or stopped to ready. On failure it tears
+// down whatever it built and records the sandbox as failed (first boot) or
+// stopped (restart), keeping the upper dir. Callers hold sb's lock.
+func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot) (err error) {
+	first := sb.Status == protocol.StatusProvisioning
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.Limits.BootTimeout)
+	defer cancel()
+	start := time.Now()
+	var undo cleanup.Stack
+	defer func() {
+		if err == nil {
+			return
+		}
+		if cerr := undo.Run(ctx); cerr != nil {
+			m.log.Error("clean up failed boot", "sandbox", sb.ID, "err", cerr)
+		}
+		if first {
+			sb.Status, sb.StatusMessage = protocol.StatusFailed, err.Error()
+		} else {
+			now := time.Now().UTC()
+			sb.Status, sb.StatusMessage, sb.StoppedAt = protocol.StatusStopped, "start failed: "+err.Error(), &now
+		}
+		sb.UpdatedAt = time.Now().UTC()
+		if uerr := m.cfg.Store.UpdateSandbox(ctx, sb); uerr != nil {
+			m.log.Error("record failed boot", "sandbox", sb.ID, "err", uerr)
+		}
+	}()
+	rid := runtimeID(sb.ID)
+	rootfs, err := m.cfg.Storage.Mount(ctx, rid, sn.Layers)
+	if err != nil {
+		return err
+	}
+	undo.Push(func(ctx context.Context) error {
+		if first {
+			return m.cfg.Storage.Remove(ctx, rid)
+		}
+		return m.cfg.Storage.Unmount(ctx, rid)
+	})
+	ep, err := m.cfg.Network.Setup(ctx, rid)
+	if err != nil {
+		return fmt.Errorf("set up network: %w", err)
+	}
+	undo.Push(func(ctx context.Context) error { return m.cfg.Network.Teardown(ctx, rid) })
+	spec := runtime.Spec{
+		ID: rid, RootFS: rootfs, AgentBinary: m.cfg.AgentBinary,
+		Env:      []string{agent.TokenEnv + "=" + sb.Token},
+		Hostname: hostname(sb), NetNS: ep.NetNS,
+		Limits: runtime.Limits{MilliCPUs: sb.VCPUs * 1000, MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
+	}
+	if err := m.cfg.Driver.Start(ctx, spec); err != nil {
+		return &BootError{Err: fmt.Errorf("start %s sandbox: %w", m.cfg.Driver.Name(), err)}
+	}
+	undo.Push(func(ctx context.Context) error { return m.cfg.Driver.Stop(ctx, rid) })
+	client := agent.NewClient(agentAddr(ep.SandboxIP), sb.Token)
+	if err := client.WaitReady(ctx, 2*time.Millisecond); err != nil {
+		return &BootError{Err: fmt.Errorf("wait for agent: %w", err)}
+	}
+	sb.Status, sb.StatusMessage, sb.StoppedAt, sb.UpdatedAt = protocol.StatusReady, "", nil, time.Now().UTC()
+	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
+		return err
+	}
+	undo.Release()
+	m.setAgent(sb.ID, client)
+	m.touch(sb.ID)
+	m.log.Info("sandbox ready", "sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(), "boot", time.Since(start))
+	return nil
+}
+
+// hostname is the sandbox's UTS hostname: its name when that is a valid
+// hostname, else a stable one from its id.
+func hostname(sb *store.Sandbox) string {
+	for _, r := range sb.Name {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return "cubicle-" + runtimeID(sb.ID)[:12]
+		}
+	}
+	return sb.Name
+}
+
+// visible loads a sandbox by name if the caller may see it: its creator and
+// the workspace's admins may; anyone else gets ErrNotFound.
+func (m *Manager) visible(ctx context.Context, name string) (*store.Sandbox, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := m.cfg.Store.GetSandbox(ctx, p.WorkspaceID, name)
+	if err != nil {
+		return nil, err
+	}
+	if !canSee(p, sb) {
+		return nil, fmt.Errorf("sandbox %s: %w", name, errdefs.ErrNotFound)
+	}
+	return sb, nil
+}
+
+func canSee(p auth.Principal, sb *store.Sandbox) bool {
+	return p.IsAdmin() || sb.CreatedBy == p.User
+}
+
+// GetSandbox returns a sandbox by name.
+func (m *Manager) GetSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
+	sb, err := m.visible(ctx, name)
+	if err == nil {
+		m.touch(sb.ID)
+	}
+	return sb, err
+}
+
+// ListSandboxes lists the sandboxes the caller may see.
+func (m *Manager) ListSandboxes(ctx context.Context, o store.ListOptions) ([]*store.Sandbox, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	all, err := m.cfg.Store.ListSandboxes(ctx, p.WorkspaceID, o)
+	if err != nil {
+		return nil, err
+	}
+	out := all[:0]
+	for _, sb := range all {
+		if canSee(p, sb) {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
+}
+
+// StopSandbox stops a ready sandbox, keeping its filesystem.
+func (m *Manager) StopSandbox(ctx context.Context, name string) error {
+	sb, err := m.visible(ctx, name)
+	if err != nil {
+		return err
+	}
+	unlock := m.lock(sb.ID)
+	defer unlock()
+	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
+		return err
+	}
+	if sb.Status != protocol.StatusReady {
+		return fmt.Errorf("sandbox %s is %s, not ready: %w", name, sb.Status, errdefs.ErrConflict)
+	}
+	return m.halt(ctx, sb)
+}
+
+// halt stops sb's processes and network, unmounts its rootfs and records it
+// stopped. Callers hold sb's lock.
+func (m *Manager) halt(ctx context.Context, sb *store.Sandbox) error {
+	rid := runtimeID(sb.ID)
+	m.setAgent(sb.ID, nil)
+	if err := m.cfg.Driver.Stop(ctx, rid); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
+	}
+	if err := m.cfg.Network.Teardown(ctx, rid); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
+	}
+	if err := m.cfg.Storage.Unmount(ctx, rid); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
+	}
+	now := time.Now().UTC()
+	sb.Status, sb.StatusMessage, sb.StoppedAt, sb.UpdatedAt = protocol.StatusStopped, "", &now, now
+	return m.cfg.Store.UpdateSandbox(ctx, sb)
+}
+
+// StartSandbox boots a stopped (or failed-to-start) sandbox on its existing
+// filesystem and waits until it is ready.
+func (m *Manager) StartSandbox(ctx context.Context, name string) error {
+	sb, err := m.visible(ctx, name)
+	if err != nil {
+		return err
+	}
+	return m.wake(ctx, sb.ID, true)
+}
+
+// wake boots sandbox id if it is stopped. With strict, a sandbox that is
+// not stopped is a conflict; otherwise a ready sandbox is fine.
+func (m *Manager) wake(ctx context.Context, id string, strict bool) error {
+	unlock := m.lock(id)
+	defer unlock()
+	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
+	if err != nil {
+		return err
+	}
+	switch sb.Status {
+	case protocol.StatusStopped:
+	case protocol.StatusReady:
+		if !strict {
+			return nil
+		}
+		return fmt.Errorf("sandbox %s is already running: %w", sb.Name, errdefs.ErrConflict)
+	default:
+		return fmt.Errorf("sandbox %s is %s: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
+	}
+	sn, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
+	if err != nil {
+		return fmt.Errorf("snapshot of sandbox %s: %w", sb.Name, err)
+	}
+	return m.boot(ctx, sb, sn)
+}
+
+// DeleteSandbox stops a sandbox and removes its record and all its data.
+func (m *Manager) DeleteSandbox(ctx context.Context, name string) error {
+	sb, err := m.visible(ctx, name)
+	if err != nil {
+		return err
+	}
+	unlock := m.lock(sb.ID)
+	defer unlock()
+	return m.destroy(ctx, sb)
+}
+
+func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
+	rid := runtimeID(sb.ID)
+	m.setAgent(sb.ID, nil)
+	if err := errors.Join(
+		m.cfg.Driver.Stop(ctx, rid),
+		m.cfg.Network.Teardown(ctx, rid),
+		m.cfg.Storage.Remove(ctx, rid),
+	); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", sb.Name, err)
+	}
+	if err := m.cfg.Store.DeleteSandbox(ctx, sb.ID); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	delete(m.active, sb.ID)
+	delete(m.locks, sb.ID)
+	m.mu.Unlock()
+	return nil
+}
+
+// Agent returns a client for the agent of the sandbox with id, waking the
+// sandbox if it is stopped, and records activity. The caller must already
+// have checked the caller may use the sandbox (see Dataplane).
+func (m *Manager) Agent(ctx context.Context, id string) (*agent.Client, *store.Sandbox, error) {
+	if c := m.agentFor(id); c != nil {
+		sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
+		if err != nil {
+			return nil, nil, err
+		}
+		m.touch(id)
+		return c, sb, nil
+	}
+	if err := m.wake(ctx, id, false); err != nil {
+		return nil, nil, err
+	}
+	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := m.agentFor(id)
+	if c == nil {
+		return nil, nil, fmt.Errorf("sandbox %s is %s: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
+	}
+	m.touch(id)
+	return c, sb, nil
+}
+
+// Dataplane resolves a dataplane request for sandbox id by the caller in
+// ctx: it checks visibility and returns the agent client (waking the
+// sandbox if needed) and the sandbox's effective run config.
+func (m *Manager) Dataplane(ctx context.Context, id string) (*agent.Client, protocol.RunConfig, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, protocol.RunConfig{}, err
+	}
+	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
+	if err != nil {
+		return nil, protocol.RunConfig{}, err
+	}
+	if sb.WorkspaceID != p.WorkspaceID || !canSee(p, sb) {
+		return nil, protocol.RunConfig{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	c, sb, err := m.Agent(ctx, id)
+	if err != nil {
+		return nil, protocol.RunConfig{}, err
+	}
+	sn, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
+	if err != nil {
+		return nil, protocol.RunConfig{}, err
+	}
+	return c, sn.RunConfig.Layer(sb.RunConfig), nil
+}

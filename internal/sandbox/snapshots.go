@@ -1,0 +1,180 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"github.com/google/uuid"
+)
+
+// buildProgress tracks an image pull for a building snapshot.
+type buildProgress struct {
+	total, done atomic.Int64
+}
+
+// SnapshotView is a snapshot record plus live build progress.
+type SnapshotView struct {
+	*store.Snapshot
+	PullBytesTotal, PullBytesDone int64
+}
+
+// CreateSnapshot records a building snapshot and pulls its image in the
+// background; the record turns ready or failed (with a message) when done.
+func (m *Manager) CreateSnapshot(ctx context.Context, req protocol.CreateSnapshotRequest) (*SnapshotView, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateSnapshotRequest(req, m.cfg.Limits); err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	sn := &store.Snapshot{
+		ID: uuid.NewString(), WorkspaceID: p.WorkspaceID, CreatedBy: p.User, Name: req.Name,
+		Status: protocol.SnapshotBuilding, DockerImage: req.DockerImage, RegistryID: req.RegistryID,
+		FSCapacityBytes: req.FSCapacityBytes, CreatedAt: now, UpdatedAt: now,
+	}
+	if req.RunConfig != nil {
+		sn.RunConfig = *req.RunConfig
+	}
+	if err := m.cfg.Store.CreateSnapshot(ctx, sn); err != nil {
+		return nil, err
+	}
+	bp := &buildProgress{}
+	m.mu.Lock()
+	m.builds[sn.ID] = bp
+	m.mu.Unlock()
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		m.buildSnapshot(context.WithoutCancel(ctx), sn, req.RunConfig, bp)
+	}()
+	return &SnapshotView{Snapshot: sn}, nil
+}
+
+// buildSnapshot resolves the snapshot's image and marks it ready or failed.
+// over is the run config given at creation, layered over the image's.
+func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *protocol.RunConfig, bp *buildProgress) {
+	defer func() {
+		m.mu.Lock()
+		delete(m.builds, sn.ID)
+		m.mu.Unlock()
+	}()
+	img, err := m.cfg.Images.Resolve(ctx, sn.DockerImage, nil, func(pr image.Progress) {
+		bp.total.Store(pr.Total)
+		bp.done.Store(pr.Complete)
+	})
+	sn.UpdatedAt = time.Now().UTC()
+	if err != nil {
+		sn.Status, sn.StatusMessage = protocol.SnapshotFailed, fmt.Sprintf("pull image %q: %v", sn.DockerImage, err)
+		m.log.Warn("snapshot build failed", "snapshot", sn.ID, "image", sn.DockerImage, "err", err)
+	} else {
+		sn.Status, sn.ImageDigest, sn.Layers = protocol.SnapshotReady, img.Digest, img.Layers
+		sn.RunConfig = img.Config.Layer(over)
+	}
+	if err := m.cfg.Store.UpdateSnapshot(ctx, sn); err != nil {
+		m.log.Error("record snapshot build result", "snapshot", sn.ID, "err", err)
+	}
+}
+
+func (m *Manager) view(sn *store.Snapshot) *SnapshotView {
+	v := &SnapshotView{Snapshot: sn}
+	m.mu.Lock()
+	if bp := m.builds[sn.ID]; bp != nil {
+		v.PullBytesTotal, v.PullBytesDone = bp.total.Load(), bp.done.Load()
+	}
+	m.mu.Unlock()
+	return v
+}
+
+// GetSnapshot returns a snapshot of the caller's workspace.
+func (m *Manager) GetSnapshot(ctx context.Context, id string) (*SnapshotView, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sn, err := m.cfg.Store.GetSnapshot(ctx, p.WorkspaceID, id)
+	if err != nil {
+		return nil, err
+	}
+	return m.view(sn), nil
+}
+
+// ListSnapshots lists the caller's workspace's snapshots.
+func (m *Manager) ListSnapshots(ctx context.Context, o store.ListOptions) ([]*SnapshotView, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	list, err := m.cfg.Store.ListSnapshots(ctx, p.WorkspaceID, o)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*SnapshotView, len(list))
+	for i, sn := range list {
+		out[i] = m.view(sn)
+	}
+	return out, nil
+}
+
+// DeleteSnapshot removes a snapshot. It is refused (ErrConflict) while
+// sandboxes booted from it exist, since their root filesystems use its
+// layers, and while it is still building.
+func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return err
+	}
+	sn, err := m.cfg.Store.GetSnapshot(ctx, p.WorkspaceID, id)
+	if err != nil {
+		return err
+	}
+	if sn.Status == protocol.SnapshotBuilding {
+		return fmt.Errorf("snapshot %s is still building: %w", id, errdefs.ErrConflict)
+	}
+	n, err := m.cfg.Store.CountSandboxesUsingSnapshot(ctx, id)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		return fmt.Errorf("snapshot %s is used by %d sandbox(es); delete them first: %w", id, n, errdefs.ErrConflict)
+	}
+	return m.cfg.Store.DeleteSnapshot(ctx, p.WorkspaceID, id)
+}
+
+// resolveSnapshot finds the snapshot a create request names: by id, by
+// name, or — when neither is given — the workspace's newest ready snapshot
+// called "default".
+func (m *Manager) resolveSnapshot(ctx context.Context, workspaceID string, req protocol.CreateSandboxRequest) (*store.Snapshot, error) {
+	var sn *store.Snapshot
+	var err error
+	switch {
+	case req.SnapshotID != "":
+		sn, err = m.cfg.Store.GetSnapshot(ctx, workspaceID, req.SnapshotID)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			// Accept a name where an id is expected, as the OpenAPI docs allow.
+			sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, req.SnapshotID)
+		}
+	case req.SnapshotName != "":
+		sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, req.SnapshotName)
+	default:
+		sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, "default")
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil, fmt.Errorf("no snapshot given and no snapshot named \"default\" exists: %w", errdefs.ErrNotFound)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if sn.Status != protocol.SnapshotReady {
+		return nil, fmt.Errorf("snapshot %s is %s, not ready: %w", sn.ID, sn.Status, errdefs.ErrNotReady)
+	}
+	return sn, nil
+}

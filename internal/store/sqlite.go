@@ -1,0 +1,449 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+
+	_ "modernc.org/sqlite" // database/sql driver "sqlite"
+)
+
+// SQLite is the embedded Store. It serialises writers through one
+// connection-level busy timeout and WAL, which is ample for one daemon.
+type SQLite struct {
+	db *sql.DB
+}
+
+var _ Store = (*SQLite)(nil)
+
+// migrations are applied in order; the index+1 is the schema version stored
+// in PRAGMA user_version. Append only.
+var migrations = []string{
+	`CREATE TABLE workspaces (
+		id TEXT PRIMARY KEY,
+		name TEXT NOT NULL,
+		created_at TEXT NOT NULL
+	);
+	CREATE TABLE api_keys (
+		id TEXT PRIMARY KEY,
+		workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+		user TEXT NOT NULL,
+		role TEXT NOT NULL,
+		hash TEXT NOT NULL UNIQUE,
+		created_at TEXT NOT NULL
+	);
+	CREATE TABLE snapshots (
+		id TEXT PRIMARY KEY,
+		workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+		created_by TEXT NOT NULL,
+		name TEXT NOT NULL,
+		status TEXT NOT NULL,
+		status_message TEXT NOT NULL DEFAULT '',
+		docker_image TEXT NOT NULL DEFAULT '',
+		image_digest TEXT NOT NULL DEFAULT '',
+		registry_id TEXT NOT NULL DEFAULT '',
+		fs_capacity_bytes INTEGER NOT NULL,
+		run_config TEXT NOT NULL DEFAULT '{}',
+		layers TEXT NOT NULL DEFAULT '[]',
+		created_at TEXT NOT NULL,
+		updated_at TEXT NOT NULL
+	);
+	CREATE INDEX snapshots_ws ON snapshots(workspace_id, created_at);
+	CREATE TABLE sandboxes (
+		id TEXT PRIMARY KEY,
+		workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+		created_by TEXT NOT NULL,
+		name TEXT NOT NULL,
+		status TEXT NOT NULL,
+		status_message TEXT NOT NULL DEFAULT '',
+		snapshot_id TEXT NOT NULL,
+		runtime TEXT NOT NULL,
+		vcpus INTEGER NOT NULL,
+		mem_bytes INTEGER NOT NULL,
+		fs_capacity_bytes INTEGER NOT NULL,
+		idle_ttl_seconds INTEGER NOT NULL,
+		delete_after_stop_seconds INTEGER NOT NULL,
+		run_config TEXT,
+		token TEXT NOT NULL,
+		created_at TEXT NOT NULL,
+		updated_at TEXT NOT NULL,
+		stopped_at TEXT,
+		UNIQUE(workspace_id, name)
+	);
+	CREATE INDEX sandboxes_snapshot ON sandboxes(snapshot_id);`,
+}
+
+// OpenSQLite opens (creating if needed) the database at path and migrates it.
+func OpenSQLite(ctx context.Context, path string) (*SQLite, error) {
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open sqlite %s: %w", path, err)
+	}
+	db.SetMaxOpenConns(1) // one writer; SQLite serialises anyway and this avoids SQLITE_BUSY storms
+	s := &SQLite{db: db}
+	if err := s.migrate(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *SQLite) migrate(ctx context.Context) error {
+	var version int
+	if err := s.db.QueryRowContext(ctx, "PRAGMA user_version").Scan(&version); err != nil {
+		return fmt.Errorf("read schema version: %w", err)
+	}
+	for i := version; i < len(migrations); i++ {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("begin migration %d: %w", i+1, err)
+		}
+		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("apply migration %d: %w", i+1, err)
+		}
+		if _, err := tx.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", i+1)); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("record migration %d: %w", i+1, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("commit migration %d: %w", i+1, err)
+		}
+	}
+	return nil
+}
+
+// Close closes the database.
+func (s *SQLite) Close() error { return s.db.Close() }
+
+const timeFmt = time.RFC3339Nano
+
+func fmtTime(t time.Time) string { return t.UTC().Format(timeFmt) }
+
+func parseTime(v string) time.Time {
+	t, _ := time.Parse(timeFmt, v)
+	return t
+}
+
+func isUnique(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
+}
+
+// EnsureWorkspace inserts w unless a workspace with its id exists.
+func (s *SQLite) EnsureWorkspace(ctx context.Context, w Workspace) error {
+	_, err := s.db.ExecContext(ctx, `INSERT OR IGNORE INTO workspaces(id, name, created_at) VALUES(?,?,?)`,
+		w.ID, w.Name, fmtTime(w.CreatedAt))
+	if err != nil {
+		return fmt.Errorf("insert workspace %s: %w", w.ID, err)
+	}
+	return nil
+}
+
+// PutAPIKey stores a key record.
+func (s *SQLite) PutAPIKey(ctx context.Context, k APIKey) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id, workspace_id, user, role, hash, created_at) VALUES(?,?,?,?,?,?)`,
+		k.ID, k.WorkspaceID, k.User, k.Role, k.Hash, fmtTime(k.CreatedAt))
+	if isUnique(err) {
+		return fmt.Errorf("insert api key: %w", errdefs.ErrConflict)
+	}
+	if err != nil {
+		return fmt.Errorf("insert api key: %w", err)
+	}
+	return nil
+}
+
+// APIKeyByHash finds the key whose secret hashes to hash.
+func (s *SQLite) APIKeyByHash(ctx context.Context, hash string) (*APIKey, error) {
+	var k APIKey
+	var created string
+	err := s.db.QueryRowContext(ctx, `SELECT id, workspace_id, user, role, hash, created_at FROM api_keys WHERE hash = ?`, hash).
+		Scan(&k.ID, &k.WorkspaceID, &k.User, &k.Role, &k.Hash, &created)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("api key: %w", errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up api key: %w", err)
+	}
+	k.CreatedAt = parseTime(created)
+	return &k, nil
+}
+
+// CountAPIKeys counts stored keys (zero means a fresh install).
+func (s *SQLite) CountAPIKeys(ctx context.Context) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM api_keys`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count api keys: %w", err)
+	}
+	return n, nil
+}
+
+const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at`
+
+// CreateSnapshot inserts a snapshot record.
+func (s *SQLite) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
+	rc, _ := json.Marshal(sn.RunConfig)
+	layers, _ := json.Marshal(sn.Layers)
+	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		sn.ID, sn.WorkspaceID, sn.CreatedBy, sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest,
+		sn.RegistryID, sn.FSCapacityBytes, string(rc), string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt))
+	if err != nil {
+		return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
+	}
+	return nil
+}
+
+// UpdateSnapshot rewrites the mutable fields of a snapshot record.
+func (s *SQLite) UpdateSnapshot(ctx context.Context, sn *Snapshot) error {
+	rc, _ := json.Marshal(sn.RunConfig)
+	layers, _ := json.Marshal(sn.Layers)
+	res, err := s.db.ExecContext(ctx, `UPDATE snapshots SET name=?, status=?, status_message=?, image_digest=?, run_config=?, layers=?, updated_at=? WHERE id=?`,
+		sn.Name, sn.Status, sn.StatusMessage, sn.ImageDigest, string(rc), string(layers), fmtTime(sn.UpdatedAt), sn.ID)
+	if err != nil {
+		return fmt.Errorf("update snapshot %s: %w", sn.ID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("update snapshot %s: %w", sn.ID, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+type scanner interface{ Scan(dest ...any) error }
+
+func scanSnapshot(row scanner) (*Snapshot, error) {
+	var sn Snapshot
+	var rc, layers, created, updated string
+	if err := row.Scan(&sn.ID, &sn.WorkspaceID, &sn.CreatedBy, &sn.Name, &sn.Status, &sn.StatusMessage, &sn.DockerImage,
+		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal([]byte(rc), &sn.RunConfig); err != nil {
+		return nil, fmt.Errorf("decode run_config of snapshot %s: %w", sn.ID, err)
+	}
+	if err := json.Unmarshal([]byte(layers), &sn.Layers); err != nil {
+		return nil, fmt.Errorf("decode layers of snapshot %s: %w", sn.ID, err)
+	}
+	sn.CreatedAt, sn.UpdatedAt = parseTime(created), parseTime(updated)
+	return &sn, nil
+}
+
+func (s *SQLite) oneSnapshot(ctx context.Context, what, query string, args ...any) (*Snapshot, error) {
+	sn, err := scanSnapshot(s.db.QueryRowContext(ctx, query, args...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("snapshot %s: %w", what, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get snapshot %s: %w", what, err)
+	}
+	return sn, nil
+}
+
+// GetSnapshot returns the snapshot with id in workspaceID.
+func (s *SQLite) GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error) {
+	return s.oneSnapshot(ctx, id, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=? AND id=?`, workspaceID, id)
+}
+
+// SnapshotByName returns the newest snapshot called name in workspaceID.
+func (s *SQLite) SnapshotByName(ctx context.Context, workspaceID, name string) (*Snapshot, error) {
+	return s.oneSnapshot(ctx, name, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=? AND name=? ORDER BY created_at DESC LIMIT 1`, workspaceID, name)
+}
+
+func listClause(o ListOptions) (string, []any) {
+	where, args := "", []any{}
+	if o.NameContains != "" {
+		where = ` AND instr(name, ?) > 0`
+		args = append(args, o.NameContains)
+	}
+	limit := o.Limit
+	if limit <= 0 {
+		limit = -1
+	}
+	args = append(args, limit, o.Offset)
+	return where + ` ORDER BY created_at, id LIMIT ? OFFSET ?`, args
+}
+
+// ListSnapshots lists a workspace's snapshots, oldest first.
+func (s *SQLite) ListSnapshots(ctx context.Context, workspaceID string, o ListOptions) ([]*Snapshot, error) {
+	clause, args := listClause(o)
+	return s.listSnapshots(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
+}
+
+// SnapshotsWithStatus lists every workspace's snapshots in status.
+func (s *SQLite) SnapshotsWithStatus(ctx context.Context, status string) ([]*Snapshot, error) {
+	return s.listSnapshots(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE status=? ORDER BY created_at`, status)
+}
+
+func (s *SQLite) listSnapshots(ctx context.Context, query string, args ...any) ([]*Snapshot, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	defer rows.Close()
+	var out []*Snapshot
+	for rows.Next() {
+		sn, err := scanSnapshot(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list snapshots: %w", err)
+		}
+		out = append(out, sn)
+	}
+	return out, rows.Err()
+}
+
+// DeleteSnapshot removes a snapshot record.
+func (s *SQLite) DeleteSnapshot(ctx context.Context, workspaceID, id string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE workspace_id=? AND id=?`, workspaceID, id)
+	if err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("snapshot %s: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+const sandboxCols = `id, workspace_id, created_by, name, status, status_message, snapshot_id, runtime, vcpus, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, run_config, token, created_at, updated_at, stopped_at`
+
+func nullRunConfig(rc *protocol.RunConfig) any {
+	if rc == nil {
+		return nil
+	}
+	b, _ := json.Marshal(rc)
+	return string(b)
+}
+
+func nullTime(t *time.Time) any {
+	if t == nil {
+		return nil
+	}
+	return fmtTime(*t)
+}
+
+// CreateSandbox inserts a sandbox record; a name clash wraps ErrConflict.
+func (s *SQLite) CreateSandbox(ctx context.Context, sb *Sandbox) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		sb.ID, sb.WorkspaceID, sb.CreatedBy, sb.Name, sb.Status, sb.StatusMessage, sb.SnapshotID, sb.Runtime,
+		sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds,
+		nullRunConfig(sb.RunConfig), sb.Token, fmtTime(sb.CreatedAt), fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt))
+	if isUnique(err) {
+		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
+	}
+	if err != nil {
+		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// UpdateSandbox rewrites the mutable fields of a sandbox record.
+func (s *SQLite) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET name=?, status=?, status_message=?, idle_ttl_seconds=?,
+		delete_after_stop_seconds=?, run_config=?, updated_at=?, stopped_at=? WHERE id=?`,
+		sb.Name, sb.Status, sb.StatusMessage, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds, nullRunConfig(sb.RunConfig),
+		fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt), sb.ID)
+	if isUnique(err) {
+		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
+	}
+	if err != nil {
+		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+func scanSandbox(row scanner) (*Sandbox, error) {
+	var sb Sandbox
+	var rc, stopped sql.NullString
+	var created, updated string
+	if err := row.Scan(&sb.ID, &sb.WorkspaceID, &sb.CreatedBy, &sb.Name, &sb.Status, &sb.StatusMessage, &sb.SnapshotID,
+		&sb.Runtime, &sb.VCPUs, &sb.MemBytes, &sb.FSCapacityBytes, &sb.IdleTTLSeconds, &sb.DeleteAfterStopSeconds,
+		&rc, &sb.Token, &created, &updated, &stopped); err != nil {
+		return nil, err
+	}
+	if rc.Valid {
+		sb.RunConfig = &protocol.RunConfig{}
+		if err := json.Unmarshal([]byte(rc.String), sb.RunConfig); err != nil {
+			return nil, fmt.Errorf("decode run_config of sandbox %s: %w", sb.ID, err)
+		}
+	}
+	sb.CreatedAt, sb.UpdatedAt = parseTime(created), parseTime(updated)
+	if stopped.Valid {
+		t := parseTime(stopped.String)
+		sb.StoppedAt = &t
+	}
+	return &sb, nil
+}
+
+func (s *SQLite) oneSandbox(ctx context.Context, what, query string, args ...any) (*Sandbox, error) {
+	sb, err := scanSandbox(s.db.QueryRowContext(ctx, query, args...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("sandbox %s: %w", what, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", what, err)
+	}
+	return sb, nil
+}
+
+// GetSandbox returns the sandbox called name in workspaceID.
+func (s *SQLite) GetSandbox(ctx context.Context, workspaceID, name string) (*Sandbox, error) {
+	return s.oneSandbox(ctx, name, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=? AND name=?`, workspaceID, name)
+}
+
+// GetSandboxByID returns the sandbox with id, in any workspace.
+func (s *SQLite) GetSandboxByID(ctx context.Context, id string) (*Sandbox, error) {
+	return s.oneSandbox(ctx, id, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id)
+}
+
+func (s *SQLite) listSandboxes(ctx context.Context, query string, args ...any) ([]*Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []*Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// ListSandboxes lists a workspace's sandboxes, oldest first.
+func (s *SQLite) ListSandboxes(ctx context.Context, workspaceID string, o ListOptions) ([]*Sandbox, error) {
+	clause, args := listClause(o)
+	return s.listSandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
+}
+
+// AllSandboxes lists every sandbox of every workspace.
+func (s *SQLite) AllSandboxes(ctx context.Context) ([]*Sandbox, error) {
+	return s.listSandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at`)
+}
+
+// CountSandboxesUsingSnapshot counts sandboxes booted from snapshot id.
+func (s *SQLite) CountSandboxesUsingSnapshot(ctx context.Context, id string) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM sandboxes WHERE snapshot_id=?`, id).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count sandboxes of snapshot %s: %w", id, err)
+	}
+	return n, nil
+}
+
+// DeleteSandbox removes a sandbox record.
+func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM sandboxes WHERE id=?`, id); err != nil {
+		return fmt.Errorf("delete sandbox %s: %w", id, err)
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+// Package store persists Cubicle's control-plane state: workspaces, API keys,
+// snapshots and sandboxes.
+//
+// Store is the seam between the manager and the database: SQLite (pure Go,
+// WAL) is the embedded default; a Postgres implementation can sit behind the
+// same interface when the control plane spans machines. Every record carries
+// the workspace it belongs to and the user who created it.
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// Workspace is a tenant: sandboxes, snapshots and keys belong to one.
+type Workspace struct {
+	ID        string
+	Name      string
+	CreatedAt time.Time
+}
+
+// Roles of an API key within its workspace.
+const (
+	RoleAdmin  = "admin"
+	RoleMember = "member"
+)
+
+// APIKey is a stored key. Only a hash of the secret is kept.
+type APIKey struct {
+	ID          string
+	WorkspaceID string
+	User        string
+	Role        string
+	Hash        string
+	CreatedAt   time.Time
+}
+
+// Snapshot is a bootable root filesystem: an ordered set of read-only layer
+// directories plus the run config that commands inherit.
+type Snapshot struct {
+	ID              string
+	WorkspaceID     string
+	CreatedBy       string
+	Name            string
+	Status          string
+	StatusMessage   string
+	DockerImage     string
+	ImageDigest     string
+	RegistryID      string
+	FSCapacityBytes int64
+	// RunConfig is the image's config with the snapshot's own layered on top.
+	RunConfig protocol.RunConfig
+	// Layers are absolute paths of read-only layer directories, bottom first.
+	Layers    []string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Sandbox is one isolated machine. Records are written only by the sandbox
+// manager.
+type Sandbox struct {
+	ID                     string
+	WorkspaceID            string
+	CreatedBy              string
+	Name                   string
+	Status                 string
+	StatusMessage          string
+	SnapshotID             string
+	Runtime                string
+	VCPUs                  int64
+	MemBytes               int64
+	FSCapacityBytes        int64
+	IdleTTLSeconds         int64
+	DeleteAfterStopSeconds int64
+	RunConfig              *protocol.RunConfig
+	// Token authenticates the daemon to the sandbox's agent.
+	Token     string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	StoppedAt *time.Time
+}
+
+// ListOptions filter and page list queries.
+type ListOptions struct {
+	NameContains string
+	Limit        int
+	Offset       int
+}
+
+// Store is the persistence interface. Lookups of missing records return
+// errors wrapping errdefs.ErrNotFound; unique-name clashes wrap
+// errdefs.ErrConflict.
+type Store interface {
+	EnsureWorkspace(ctx context.Context, w Workspace) error
+	PutAPIKey(ctx context.Context, k APIKey) error
+	APIKeyByHash(ctx context.Context, hash string) (*APIKey, error)
+	CountAPIKeys(ctx context.Context) (int, error)
+
+	CreateSnapshot(ctx context.Context, s *Snapshot) error
+	UpdateSnapshot(ctx context.Context, s *Snapshot) error
+	GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error)
+	SnapshotByName(ctx context.Context, workspaceID, name string) (*Snapshot, error)
+	ListSnapshots(ctx context.Context, workspaceID string, o ListOptions) ([]*Snapshot, error)
+	DeleteSnapshot(ctx context.Context, workspaceID, id string) error
+	// SnapshotsWithStatus lists every workspace's snapshots in status.
+	SnapshotsWithStatus(ctx context.Context, status string) ([]*Snapshot, error)
+
+	CreateSandbox(ctx context.Context, s *Sandbox) error
+	UpdateSandbox(ctx context.Context, s *Sandbox) error
+	GetSandbox(ctx context.Context, workspaceID, name string) (*Sandbox, error)
+	GetSandboxByID(ctx context.Context, id string) (*Sandbox, error)
+	ListSandboxes(ctx context.Context, workspaceID string, o ListOptions) ([]*Sandbox, error)
+	// AllSandboxes lists every workspace's sandboxes (recovery, reaping).
+	AllSandboxes(ctx context.Context) ([]*Sandbox, error)
+	// CountSandboxesUsingSnapshot counts sandboxes created from snapshot id.
+	CountSandboxesUsingSnapshot(ctx context.Context, id string) (int, error)
+	DeleteSandbox(ctx context.Context, id string) error
+
+	Close() error
+}

@@ -1,0 +1,60 @@
+package cubicle
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+)
+
+// Image is an image in the daemon's local store (a Cubicle extension).
+type Image struct {
+	Ref    string `json:"ref"`
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+}
+
+type imageList struct {
+	Images []Image `json:"images"`
+}
+
+// LoadImage streams a `docker save` tarball or OCI archive into the daemon's
+// local image store, which snapshots consult before any registry. name
+// (optional) names a single-image archive. Needs an admin key.
+func (c *Client) LoadImage(ctx context.Context, archive io.Reader, name string) ([]Image, error) {
+	u := c.base + "/images/load"
+	if name != "" {
+		u += "?name=" + url.QueryEscape(name)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, archive)
+	if err != nil {
+		return nil, fmt.Errorf("build image load request: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if err := checkResponse(resp); err != nil {
+		return nil, err
+	}
+	var out imageList
+	if err := decodeJSON(resp.Body, &out); err != nil {
+		return nil, fmt.Errorf("decode image load response: %w", err)
+	}
+	return out.Images, nil
+}
+
+// ListImages lists the daemon's local image store.
+func (c *Client) ListImages(ctx context.Context) ([]Image, error) {
+	var out imageList
+	if err := c.do(ctx, http.MethodGet, "/images", nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Images, nil
+}
+
+func decodeJSON(r io.Reader, v any) error { return json.NewDecoder(r).Decode(v) }

@@ -1,0 +1,254 @@
+// Package protocol holds the wire types of the LangSmith sandbox protocol as
+// Cubicle speaks it (see shared/spec/langsmith-sandbox-protocol.md). The API
+// handlers, the in-sandbox agent, the Go SDK and the tests all use these
+// types, so there is exactly one definition of the contract.
+package protocol
+
+import "time"
+
+// Sandbox statuses (spec §8). A sandbox moves provisioning → ready ⇄ stopped,
+// or provisioning → failed.
+const (
+	StatusProvisioning = "provisioning"
+	StatusReady        = "ready"
+	StatusStopped      = "stopped"
+	StatusFailed       = "failed"
+	StatusDeleting     = "deleting"
+)
+
+// Snapshot statuses (spec §8): building → ready | failed.
+const (
+	SnapshotBuilding = "building"
+	SnapshotReady    = "ready"
+	SnapshotFailed   = "failed"
+)
+
+// RunConfig is how commands run: user, working directory and environment
+// (spec §4.3). Layers apply image → snapshot → sandbox → command.
+type RunConfig struct {
+	User    string            `json:"user,omitempty"`
+	WorkDir string            `json:"work_dir,omitempty"`
+	EnvVars map[string]string `json:"env_vars,omitempty"`
+}
+
+// Layer returns rc with over applied on top: user and work_dir replace when
+// set, env_vars merge key by key.
+func (rc RunConfig) Layer(over *RunConfig) RunConfig {
+	out := RunConfig{User: rc.User, WorkDir: rc.WorkDir}
+	if len(rc.EnvVars) > 0 || (over != nil && len(over.EnvVars) > 0) {
+		out.EnvVars = map[string]string{}
+	}
+	for k, v := range rc.EnvVars {
+		out.EnvVars[k] = v
+	}
+	if over == nil {
+		return out
+	}
+	if over.User != "" {
+		out.User = over.User
+	}
+	if over.WorkDir != "" {
+		out.WorkDir = over.WorkDir
+	}
+	for k, v := range over.EnvVars {
+		out.EnvVars[k] = v
+	}
+	return out
+}
+
+// Snapshot is a bootable root filesystem (spec §4.2).
+type Snapshot struct {
+	ID              string     `json:"id"`
+	Name            string     `json:"name"`
+	Status          string     `json:"status"`
+	StatusMessage   string     `json:"status_message,omitempty"`
+	FSCapacityBytes int64      `json:"fs_capacity_bytes"`
+	FSUsedBytes     *int64     `json:"fs_used_bytes,omitempty"`
+	DockerImage     string     `json:"docker_image,omitempty"`
+	ImageDigest     string     `json:"image_digest,omitempty"`
+	SourceSandboxID string     `json:"source_sandbox_id,omitempty"`
+	RegistryID      string     `json:"registry_id,omitempty"`
+	CreatedBy       string     `json:"created_by,omitempty"`
+	RunConfig       *RunConfig `json:"run_config,omitempty"`
+	CreatedAt       time.Time  `json:"created_at"`
+	UpdatedAt       time.Time  `json:"updated_at"`
+
+	// PullBytesTotal and PullBytesDone are a Cubicle extension reported while
+	// a snapshot is building from a registry image: the compressed bytes of
+	// the image's layers and how many of them have arrived. Total is 0 while
+	// unknown. Both are omitted once the build is over.
+	PullBytesTotal int64 `json:"pull_bytes_total,omitempty"`
+	PullBytesDone  int64 `json:"pull_bytes_done,omitempty"`
+}
+
+// Sandbox is one isolated machine (spec §4.1).
+type Sandbox struct {
+	ID                     string     `json:"id"`
+	Name                   string     `json:"name"`
+	Status                 string     `json:"status"`
+	StatusMessage          string     `json:"status_message,omitempty"`
+	DataplaneURL           string     `json:"dataplane_url"`
+	SnapshotID             string     `json:"snapshot_id"`
+	VCPUs                  int64      `json:"vcpus"`
+	MemBytes               int64      `json:"mem_bytes"`
+	FSCapacityBytes        int64      `json:"fs_capacity_bytes"`
+	IdleTTLSeconds         int64      `json:"idle_ttl_seconds"`
+	DeleteAfterStopSeconds int64      `json:"delete_after_stop_seconds"`
+	RunConfig              *RunConfig `json:"run_config,omitempty"`
+	Runtime                string     `json:"runtime,omitempty"`
+	CreatedBy              string     `json:"created_by,omitempty"`
+	CreatedAt              time.Time  `json:"created_at"`
+	UpdatedAt              time.Time  `json:"updated_at"`
+	StoppedAt              *time.Time `json:"stopped_at"`
+}
+
+// CreateSnapshotRequest is the body of POST /snapshots (spec S1).
+type CreateSnapshotRequest struct {
+	Name            string     `json:"name"`
+	DockerImage     string     `json:"docker_image"`
+	FSCapacityBytes int64      `json:"fs_capacity_bytes"`
+	RegistryID      string     `json:"registry_id,omitempty"`
+	RunConfig       *RunConfig `json:"run_config,omitempty"`
+}
+
+// CreateSandboxRequest is the body of POST /boxes (spec B1). Pointers mark
+// fields whose absence differs from their zero value.
+type CreateSandboxRequest struct {
+	WaitForReady           *bool      `json:"wait_for_ready,omitempty"`
+	Timeout                *int64     `json:"timeout,omitempty"`
+	SnapshotID             string     `json:"snapshot_id,omitempty"`
+	SnapshotName           string     `json:"snapshot_name,omitempty"`
+	Name                   string     `json:"name,omitempty"`
+	IdleTTLSeconds         *int64     `json:"idle_ttl_seconds,omitempty"`
+	DeleteAfterStopSeconds *int64     `json:"delete_after_stop_seconds,omitempty"`
+	VCPUs                  *int64     `json:"vcpus,omitempty"`
+	MemBytes               *int64     `json:"mem_bytes,omitempty"`
+	FSCapacityBytes        *int64     `json:"fs_capacity_bytes,omitempty"`
+	RunConfig              *RunConfig `json:"run_config,omitempty"`
+}
+
+// SandboxList is the body of GET /boxes.
+type SandboxList struct {
+	Sandboxes  []Sandbox `json:"sandboxes"`
+	Items      []Sandbox `json:"items"`
+	Offset     int       `json:"offset"`
+	NextCursor *string   `json:"next_cursor"`
+}
+
+// SnapshotList is the body of GET /snapshots.
+type SnapshotList struct {
+	Snapshots  []Snapshot `json:"snapshots"`
+	Items      []Snapshot `json:"items"`
+	Offset     int        `json:"offset"`
+	NextCursor *string    `json:"next_cursor"`
+}
+
+// StatusResponse is the body of GET /boxes/{name}/status.
+type StatusResponse struct {
+	Status        string `json:"status"`
+	StatusMessage string `json:"status_message,omitempty"`
+}
+
+// ExecuteRequest is the body of POST {dataplane}/execute (spec D1).
+type ExecuteRequest struct {
+	Command   string            `json:"command"`
+	Timeout   int64             `json:"timeout,omitempty"`
+	Shell     string            `json:"shell,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	RunConfig *RunConfig        `json:"run_config,omitempty"`
+}
+
+// ExecuteResult is the response of POST {dataplane}/execute.
+type ExecuteResult struct {
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+	ExitCode int    `json:"exit_code"`
+}
+
+// Exec frame types (spec §6). Client → server: execute, reconnect, input,
+// close_stdin, kill. Server → client: started, stdout, stderr, exit, error.
+const (
+	FrameExecute    = "execute"
+	FrameReconnect  = "reconnect"
+	FrameInput      = "input"
+	FrameCloseStdin = "close_stdin"
+	FrameKill       = "kill"
+	FrameResize     = "resize" // Cubicle extension: PTY window size
+	FrameStarted    = "started"
+	FrameStdout     = "stdout"
+	FrameStderr     = "stderr"
+	FrameExit       = "exit"
+	FrameError      = "error"
+)
+
+// Exec error types carried by FrameError.
+const (
+	ErrCommandTimeout  = "CommandTimeout"
+	ErrCommandNotFound = "CommandNotFound"
+	ErrSessionExpired  = "SessionExpired"
+	ErrCommandError    = "CommandError"
+)
+
+// ExecFrame is one JSON text frame of the WebSocket exec protocol, in either
+// direction. Only the fields meaningful for Type are set.
+type ExecFrame struct {
+	Type string `json:"type"`
+
+	// execute
+	Command            string            `json:"command,omitempty"`
+	TimeoutSeconds     *int64            `json:"timeout_seconds,omitempty"`
+	Shell              string            `json:"shell,omitempty"`
+	IdleTimeoutSeconds *int64            `json:"idle_timeout_seconds,omitempty"`
+	KillOnDisconnect   bool              `json:"kill_on_disconnect,omitempty"`
+	TTLSeconds         *int64            `json:"ttl_seconds,omitempty"`
+	Env                map[string]string `json:"env,omitempty"`
+	Cwd                string            `json:"cwd,omitempty"`
+	RunConfig          *RunConfig        `json:"run_config,omitempty"`
+	CloseStdin         bool              `json:"close_stdin,omitempty"`
+	PTY                bool              `json:"pty,omitempty"`
+	Rows               int               `json:"rows,omitempty"`
+	Cols               int               `json:"cols,omitempty"`
+
+	// execute, reconnect, started
+	CommandID string `json:"command_id,omitempty"`
+	// reconnect
+	StdoutOffset int64 `json:"stdout_offset,omitempty"`
+	StderrOffset int64 `json:"stderr_offset,omitempty"`
+
+	// started
+	PID int `json:"pid,omitempty"`
+	// input, stdout, stderr
+	Data string `json:"data,omitempty"`
+	// stdout, stderr: byte offset of Data's first byte within its stream.
+	Offset *int64 `json:"offset,omitempty"`
+	// exit
+	ExitCode *int `json:"exit_code,omitempty"`
+	// error
+	ErrorType string `json:"error_type,omitempty"`
+	Error     string `json:"error,omitempty"`
+}
+
+// ErrorDetail is the structured error body (spec §2 form 1).
+type ErrorDetail struct {
+	Error   string `json:"error"`
+	Message string `json:"message"`
+}
+
+// ErrorBody wraps ErrorDetail as {"detail": {...}}.
+type ErrorBody struct {
+	Detail ErrorDetail `json:"detail"`
+}
+
+// ValidationItem is one entry of a 422 body in the Pydantic form (spec §2
+// form 2): {"detail": [{"loc": [...], "msg": "...", "type": "value_error"}]}.
+type ValidationItem struct {
+	Loc  []string `json:"loc"`
+	Msg  string   `json:"msg"`
+	Type string   `json:"type"`
+}
+
+// ValidationBody is a 422 body.
+type ValidationBody struct {
+	Detail []ValidationItem `json:"detail"`
+}

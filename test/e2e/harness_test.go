@@ -1,0 +1,274 @@
+// Package e2e drives a real `cubicle serve` (built as bin/cubicle by `make
+// build`) with real sandboxes, a real in-process OCI registry and the
+// official LangSmith client. Nothing here is mocked.
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/image/imagetest"
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+const testKey = "e2e-admin-key"
+
+// repoRoot finds the module root (where bin/ lives).
+func repoRoot(t testing.TB) string {
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("go.mod not found above the test directory")
+		}
+		dir = parent
+	}
+}
+
+// binaries returns bin/cubicle and bin/runsc, failing if `make build` has
+// not produced them.
+func binaries(t testing.TB) (cubicleBin, runsc string) {
+	root := repoRoot(t)
+	cubicleBin, runsc = filepath.Join(root, "bin", "cubicle"), filepath.Join(root, "bin", "runsc")
+	for _, p := range []string{cubicleBin, runsc} {
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s missing: run `make build` first (%v)", p, err)
+		}
+	}
+	return cubicleBin, runsc
+}
+
+// daemon is one running `cubicle serve`.
+type daemon struct {
+	t        testing.TB
+	runtime  string
+	dataDir  string
+	listen   string
+	Endpoint string
+	Client   *cubicle.Client
+	cmd      *exec.Cmd
+	logs     *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freePort(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startDaemon starts `cubicle serve` on a fresh port over dataDir (created
+// if empty) with the given runtime. At test end it deletes every sandbox it
+// can see and stops the daemon, so nothing leaks into the next test.
+func startDaemon(t testing.TB, runtime, dataDir string) *daemon {
+	if dataDir == "" {
+		dataDir = t.TempDir()
+	}
+	d := &daemon{t: t, runtime: runtime, dataDir: dataDir, listen: freePort(t)}
+	d.start()
+	t.Cleanup(func() {
+		if d.cmd == nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if list, err := d.Client.ListSandboxes(ctx, cubicle.ListOptions{Limit: 500}); err == nil {
+			for _, sb := range list.Sandboxes {
+				if err := d.Client.DeleteSandbox(ctx, sb.Name); err != nil {
+					t.Errorf("cleanup: delete sandbox %s: %v", sb.Name, err)
+				}
+			}
+		}
+		d.stop()
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.logs.String())
+		}
+	})
+	return d
+}
+
+func (d *daemon) start() {
+	t := d.t
+	bin, runsc := binaries(t)
+	d.logs = &syncBuffer{}
+	d.cmd = exec.Command(bin, "serve", "--listen", d.listen, "--data-dir", d.dataDir, "--runtime", d.runtime, "--runsc", runsc)
+	d.cmd.Env = append(os.Environ(), "CUBICLE_BOOTSTRAP_API_KEY="+testKey)
+	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatalf("start daemon: %v", err)
+	}
+	d.Endpoint = "http://" + d.listen
+	d.Client = cubicle.New(d.Endpoint, testKey)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get(d.Endpoint + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon did not come up: %v\n%s", err, d.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stop ends the daemon gracefully (sandboxes keep running).
+func (d *daemon) stop() {
+	if d.cmd == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { d.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(15 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-done
+	}
+	d.cmd = nil
+}
+
+// kill9 kills the daemon without warning, as a crash would.
+func (d *daemon) kill9() {
+	_ = d.cmd.Process.Kill()
+	_ = d.cmd.Wait()
+	d.cmd = nil
+}
+
+// restart starts a new daemon process over the same data dir and port.
+func (d *daemon) restart() { d.start() }
+
+var (
+	registryOnce sync.Once
+	registryHost string
+	imageRefs    = map[string]string{}
+)
+
+// testImage returns the ref of the busybox+bash test image pushed to an
+// in-process registry shared by the test binary.
+func testImage(t testing.TB) string {
+	registryOnce.Do(func() {
+		registryHost = imagetest.StartRegistry(nopCleanup{t})
+		imageRefs["busybox"] = imagetest.Push(t, registryHost, "cubicle/busybox:e2e", imagetest.BusyboxImage(t))
+	})
+	if registryHost == "" {
+		t.Fatal("test registry failed to start")
+	}
+	return imageRefs["busybox"]
+}
+
+// nopCleanup keeps the shared registry alive for the whole test binary
+// instead of the first test that asked for it.
+type nopCleanup struct{ testing.TB }
+
+func (nopCleanup) Cleanup(func()) {}
+
+// readySnapshot creates a snapshot of ref and waits until it is ready.
+func readySnapshot(t testing.TB, c *cubicle.Client, name, ref string) *protocol.Snapshot {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	sn, err := c.CreateSnapshot(ctx, protocol.CreateSnapshotRequest{Name: name, DockerImage: ref, FSCapacityBytes: 1 << 30})
+	if err != nil {
+		t.Fatalf("create snapshot: %v", err)
+	}
+	sn, err = c.WaitSnapshot(ctx, sn.ID, nil)
+	if err != nil {
+		t.Fatalf("wait snapshot: %v", err)
+	}
+	return sn
+}
+
+func int64p(v int64) *int64 { return &v }
+
+// newSandbox creates a sandbox from snapshot id and waits for it.
+func newSandbox(t testing.TB, c *cubicle.Client, snapshotID string, mutate func(*protocol.CreateSandboxRequest)) *protocol.Sandbox {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	req := protocol.CreateSandboxRequest{SnapshotID: snapshotID, Timeout: int64p(90)}
+	if mutate != nil {
+		mutate(&req)
+	}
+	sb, err := c.CreateSandbox(ctx, req)
+	if err != nil {
+		t.Fatalf("create sandbox: %v", err)
+	}
+	if sb.Status != protocol.StatusReady {
+		t.Fatalf("sandbox %s is %s (%s)", sb.Name, sb.Status, sb.StatusMessage)
+	}
+	return sb
+}
+
+// run executes command in sandbox name through the WebSocket exec path.
+func run(t testing.TB, c *cubicle.Client, name, command string) (stdout, stderr string, code int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	code, err := c.Exec(ctx, name, cubicle.ExecRequest{Command: command, Shell: "/bin/sh", Stdout: &out, Stderr: &errb})
+	if err != nil {
+		t.Fatalf("exec %q in %s: %v", command, name, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// mustRun runs command and fails the test unless it exits 0.
+func mustRun(t testing.TB, c *cubicle.Client, name, command string) string {
+	out, errs, code := run(t, c, name, command)
+	if code != 0 {
+		t.Fatalf("%q exited %d: stdout=%q stderr=%q", command, code, out, errs)
+	}
+	return out
+}
+
+func runtimes() []string { return []string{"gvisor", "namespace"} }
+
+func sh(t testing.TB, name string, args ...string) string {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+var _ = fmt.Sprintf

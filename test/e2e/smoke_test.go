@@ -1,0 +1,80 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// npmDir returns a directory with the official `langsmith` client installed
+// (and `ws` too when withWS), cached under .cache/ between runs.
+func npmDir(t *testing.T, withWS bool) string {
+	name := "npm-nows"
+	pkgs := []string{"langsmith@0.10"}
+	if withWS {
+		name, pkgs = "npm-ws", append(pkgs, "ws@8")
+	}
+	dir := filepath.Join(repoRoot(t), ".cache", name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "langsmith")); err == nil {
+		return dir
+	}
+	if _, err := exec.LookPath("npm"); err != nil {
+		t.Fatalf("npm is required for the official-client test: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"cubicle-conformance","private":true,"type":"module"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "npm", append([]string{"install", "--no-audit", "--no-fund", "--silent"}, pkgs...)...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm install %v: %v\n%s", pkgs, err, out)
+	}
+	return dir
+}
+
+// TestOfficialClientSmoke runs the spec's smoke script with the unmodified
+// official client against the gvisor daemon, over both exec transports.
+func TestOfficialClientSmoke(t *testing.T) {
+	ref := testImage(t)
+	d := startDaemon(t, "gvisor", "")
+	script := filepath.Join(repoRoot(t), "test", "conformance", "smoke-langsmith-client.mjs")
+	for _, tc := range []struct {
+		name string
+		ws   bool
+		path string
+	}{{"websocket", true, "exec-path=websocket"}, {"http", false, "exec-path=http"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := npmDir(t, tc.ws)
+			dst := filepath.Join(dir, "smoke.mjs")
+			data, err := os.ReadFile(script)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dst, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, "node", dst)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "LANGSMITH_ENDPOINT="+d.Endpoint, "LANGSMITH_API_KEY="+testKey, "SMOKE_IMAGE="+ref)
+			out, err := cmd.CombinedOutput()
+			t.Logf("smoke output:\n%s", out)
+			if err != nil {
+				t.Fatalf("smoke failed: %v", err)
+			}
+			if !strings.Contains(string(out), "SMOKE PASSED") || !strings.Contains(string(out), tc.path) {
+				t.Fatalf("smoke did not pass over %s", tc.path)
+			}
+		})
+	}
+}
