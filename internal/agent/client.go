@@ -32,6 +32,7 @@ type ExecError struct {
 	Message string
 }
 
+// Error implements error.
 func (e *ExecError) Error() string { return fmt.Sprintf("agent exec: %s: %s", e.Type, e.Message) }
 
 // Is makes errors.Is(err, ErrCommandTimeout) work for timeout frames.
@@ -47,6 +48,7 @@ type HTTPError struct {
 	Message string
 }
 
+// Error implements error.
 func (e *HTTPError) Error() string {
 	return fmt.Sprintf("agent: HTTP %d: %s: %s", e.Status, e.Kind, e.Message)
 }

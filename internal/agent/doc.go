@@ -7,6 +7,27 @@
 // WebSocket exec protocol (sdk/go/protocol.ExecFrame), so the daemon can relay
 // a client's exec stream frame by frame and command sessions live in the
 // sandbox, surviving a daemon restart.
+//
+// The agent's HTTP API (every request needs TokenHeader):
+//
+//	GET  /v1/health                 {"ok":true}
+//	GET  /v1/exec                   WebSocket, spec §6 frames (plus "resize")
+//	GET  /v1/files?path=            file bytes; Range, If-Range, If-None-Match
+//	HEAD /v1/files?path=            size, strong ETag, Last-Modified
+//	PUT  /v1/files?path=&mode=0644  raw body, atomic replace, parents created
+//	GET  /v1/stat?path=             FileInfo
+//	POST /v1/glob                   GlobRequest → GlobResult (spec D7)
+//	POST /v1/grep                   GrepRequest → GrepResult (spec D8)
+//
+// Errors use the protocol's {"detail":{"error","message"}} body, so the
+// daemon can relay them unchanged.
+//
+// Every command is a session keyed by its command_id: output is kept in a
+// bounded per-stream window addressed by byte offset, so any number of
+// clients can attach, detach and resume from an offset until the finished
+// session's TTL expires. Commands are started with raw fork/exec and their
+// exit statuses collected by a single reaper (see reaper), which is what lets
+// the agent reap every orphan as PID 1 without stealing statuses.
 package agent
 
 // Port is the TCP port the agent listens on inside every sandbox.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -155,4 +156,37 @@ func TestExecTimeout(t *testing.T) {
 	if out != "before\n" || time.Since(start) > 10*time.Second {
 		t.Fatalf("out %q after %v", out, time.Since(start))
 	}
+}
+
+// TestNoGoroutineLeak checks that finished commands and closed streams leave
+// no goroutines behind (pumps, stdin writers, pingers, readers).
+func TestNoGoroutineLeak(t *testing.T) {
+	c, _, _ := startAgent(t)
+	if err := c.Health(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	base := runtime.NumGoroutine()
+	for _, f := range []protocol.ExecFrame{
+		{Command: "echo hi", CloseStdin: true},
+		{Command: "tty", PTY: true},
+		{Command: "sleep 5", TimeoutSeconds: i64(1), CloseStdin: true},
+		{Command: "(sleep 5 &); echo bg", CloseStdin: true}, // background child holds stdout
+	} {
+		run(t, c, f)
+	}
+	w := dial(t, c)
+	w.send(protocol.ExecFrame{Type: protocol.FrameExecute, Command: "cat"})
+	w.recv()
+	w.send(protocol.ExecFrame{Type: protocol.FrameCloseStdin})
+	w.collect()
+	w.c.CloseNow()
+	var n int
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if n = runtime.NumGoroutine(); n <= base {
+			return
+		}
+	}
+	buf := make([]byte, 1<<16)
+	t.Fatalf("goroutines: %d before, %d after\n%s", base, n, buf[:runtime.Stack(buf, true)])
 }

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -135,5 +137,38 @@ func TestFileErrors(t *testing.T) {
 	r.Body.Close()
 	if err := c.Health(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestWaitReady(t *testing.T) {
+	addr := freeAddr(t)
+	c := NewClient(addr, testToken)
+	defer c.Close()
+	srv, err := NewServer(testToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		hs := &http.Server{Handler: srv}
+		t.Cleanup(func() { hs.Close() })
+		hs.Serve(ln)
+	}()
+	start := time.Now()
+	if err := c.WaitReady(ctxT(t), 2*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d < 100*time.Millisecond || d > 500*time.Millisecond {
+		t.Fatalf("ready after %v", d)
+	}
+	bad := NewClient(addr, "wrong")
+	defer bad.Close()
+	if err := bad.WaitReady(ctxT(t), 2*time.Millisecond); err == nil {
+		t.Fatal("wrong token became ready")
 	}
 }

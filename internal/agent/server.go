@@ -110,11 +110,14 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 // arrives. As PID 1 it also reaps every zombie, makes sure /tmp exists, and on
 // SIGTERM forwards the signal to every process before exiting.
 func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	pid1 := os.Getpid() == 1
 	opts := []Option{WithLogger(log), WithBaseEnv(withoutVar(os.Environ(), TokenEnv))}
 	if pid1 {
 		opts = append(opts, WithReapAll())
-		if err := os.MkdirAll("/tmp", 0o1777); err != nil {
+		if err := ensureTmp(); err != nil {
 			log.Warn("create /tmp", "err", err)
 		}
 	}
@@ -149,6 +152,17 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 	defer cancel()
 	hs.Shutdown(sctx)
 	return nil
+}
+
+// ensureTmp creates a world-writable sticky /tmp if the image lacks one.
+func ensureTmp() error {
+	if _, err := os.Stat("/tmp"); err == nil {
+		return nil
+	}
+	if err := os.Mkdir("/tmp", 0o700); err != nil {
+		return err
+	}
+	return os.Chmod("/tmp", 0o777|os.ModeSticky) // not subject to the umask
 }
 
 // waitForChildren reaps children until none is left or d has passed.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -222,5 +223,31 @@ func TestRunAsUser(t *testing.T) {
 	_, _, _, err := run(t, c, protocol.ExecFrame{Command: "true", RunConfig: &protocol.RunConfig{User: "no-such-user"}})
 	if err == nil {
 		t.Fatal("unknown user accepted")
+	}
+}
+
+func TestPTYEndOfInput(t *testing.T) {
+	c, _, _ := startAgent(t)
+	w := dial(t, c)
+	w.send(protocol.ExecFrame{Type: protocol.FrameExecute, PTY: true, Command: "cat >/dev/null; echo eof"})
+	w.recv()
+	w.send(protocol.ExecFrame{Type: protocol.FrameInput, Data: "line\n\x04"})
+	out, _, ex, _ := w.collect()
+	if !strings.Contains(out, "eof") || *ex.ExitCode != 0 {
+		t.Fatalf("%q %+v", out, ex)
+	}
+}
+
+func TestExecuteExpiredID(t *testing.T) {
+	c, _, _ := startAgent(t)
+	req := protocol.ExecFrame{CommandID: "gone", Command: "echo hi", TTLSeconds: i64(0), CloseStdin: true}
+	if _, _, _, err := run(t, c, req); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	_, _, _, err := run(t, c, req)
+	var ee *ExecError
+	if !errors.As(err, &ee) || ee.Type != protocol.ErrSessionExpired {
+		t.Fatalf("re-execute of an expired id: %v", err)
 	}
 }

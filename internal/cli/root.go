@@ -27,6 +27,7 @@ func Main(args []string) int {
 		newSandboxCmd(),
 		newExecCmd(),
 		newCpCmd(),
+		newNSInitCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {

@@ -224,7 +224,7 @@ func (s *Store) ensureLayer(ctx context.Context, l v1.Layer, diffID string, from
 	}
 
 	var src io.ReadCloser
-	var closeAll func() error
+	var closeAll func(drain bool) error
 	if fromRegistry {
 		rc, err := l.Compressed()
 		if err != nil {
@@ -236,9 +236,12 @@ func (s *Store) ensureLayer(ctx context.Context, l v1.Layer, diffID string, from
 			rc.Close()
 			return 0, err
 		}
-		closeAll = func() error {
-			// Drain so the registry reader verifies the blob digest.
-			_, derr := io.Copy(io.Discard, cr)
+		closeAll = func(drain bool) error {
+			var derr error
+			if drain {
+				// Read to EOF so the registry reader verifies the blob digest.
+				_, derr = io.Copy(io.Discard, cr)
+			}
 			src.Close()
 			if cerr := rc.Close(); derr == nil {
 				derr = cerr
@@ -250,12 +253,12 @@ func (s *Store) ensureLayer(ctx context.Context, l v1.Layer, diffID string, from
 		if err != nil {
 			return 0, fmt.Errorf("open: %w", err)
 		}
-		src, closeAll = rc, rc.Close
+		src, closeAll = rc, func(bool) error { return rc.Close() }
 	}
 
 	tmp, err := os.MkdirTemp(filepath.Join(s.root, "tmp"), "layer-")
 	if err != nil {
-		closeAll()
+		closeAll(false)
 		return 0, err
 	}
 	published := false
@@ -265,7 +268,7 @@ func (s *Store) ensureLayer(ctx context.Context, l v1.Layer, diffID string, from
 		}
 	}()
 	if err := os.Chmod(tmp, 0o755); err != nil {
-		closeAll()
+		closeAll(false)
 		return 0, err
 	}
 
@@ -276,7 +279,7 @@ func (s *Store) ensureLayer(ctx context.Context, l v1.Layer, diffID string, from
 		// Tar padding after the end marker still counts toward the diffID.
 		_, err = io.Copy(io.Discard, ur)
 	}
-	if cerr := closeAll(); err == nil && cerr != nil {
+	if cerr := closeAll(err == nil); err == nil && cerr != nil {
 		err = fmt.Errorf("read blob: %w", cerr)
 	}
 	if err != nil {

@@ -159,7 +159,7 @@ type refEntry struct {
 
 func hexOf(digest string) (string, error) {
 	h, ok := strings.CutPrefix(digest, "sha256:")
-	if !ok || len(h) != 64 {
+	if !ok || len(h) != 64 || strings.ToLower(h) != h {
 		return "", fmt.Errorf("digest %q: %w", digest, errdefs.ErrInvalid)
 	}
 	if _, err := hex.DecodeString(h); err != nil {

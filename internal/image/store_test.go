@@ -358,3 +358,41 @@ func TestInsecureRegistries(t *testing.T) {
 		}
 	}
 }
+
+// lyingLayer claims a diffID its content does not have.
+type lyingLayer struct{ v1.Layer }
+
+func (lyingLayer) DiffID() (v1.Hash, error) {
+	return v1.NewHash("sha256:" + strings.Repeat("ab", 32))
+}
+
+func TestCorruptLayerIsNotPublished(t *testing.T) {
+	requireRoot(t)
+	host := imagetest.StartRegistry(t)
+	bad := lyingLayer{imagetest.Layer(t, imagetest.File("f", 0o644, "x"))}
+	ref := imagetest.Push(t, host, "test/corrupt:1", imagetest.Image(t, v1.Config{}, bad))
+	s := newStore(t)
+	if _, err := s.Resolve(context.Background(), ref, nil, nil); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("Resolve = %v, want ErrInvalid (diff_id mismatch)", err)
+	}
+	for _, d := range []string{"layers/sha256", "tmp", "refs"} {
+		ents, _ := os.ReadDir(filepath.Join(s.Root(), d))
+		if len(ents) != 0 {
+			t.Errorf("%s holds %d entries after a failed pull, want none", d, len(ents))
+		}
+	}
+}
+
+func TestResolveRefusesHostileLayer(t *testing.T) {
+	requireRoot(t)
+	host := imagetest.StartRegistry(t)
+	evil := imagetest.Layer(t, imagetest.File("../../../../evil-from-pull", 0o644, "x"))
+	ref := imagetest.Push(t, host, "test/evil:1", imagetest.Image(t, v1.Config{}, evil))
+	s := newStore(t)
+	if _, err := s.Resolve(context.Background(), ref, nil, nil); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("Resolve = %v, want ErrInvalid (path traversal)", err)
+	}
+	if list, _ := s.List(context.Background()); len(list) != 0 {
+		t.Errorf("hostile image was recorded: %v", list)
+	}
+}

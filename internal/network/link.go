@@ -28,12 +28,19 @@ func (m *Manager) plumb(ep *Endpoint) error {
 	}
 	defer inNS.Close()
 
-	host, err := m.ensureVeth(ep, nsh, inNS)
+	host, created, err := m.ensureVeth(ep, nsh, inNS)
 	if err != nil {
 		return err
 	}
 	if err := configureHost(ep, host); err != nil {
 		return err
+	}
+	if !created {
+		// The sandbox end of an intact pair belongs to the runtime once it
+		// runs: gVisor's netstack takes eth0 over and strips its kernel
+		// address. Re-adding it would make the netns kernel answer (and
+		// reset) connections meant for the sandbox.
+		return nil
 	}
 	return configureSandbox(ep, inNS)
 }
@@ -41,23 +48,23 @@ func (m *Manager) plumb(ep *Endpoint) error {
 // ensureVeth returns the host end of ep's veth pair, creating the pair (peer
 // born inside the netns as eth0) when it is missing or no longer joins the
 // host end to this netns's eth0 (e.g. the netns was recreated).
-func (m *Manager) ensureVeth(ep *Endpoint, nsh netns.NsHandle, inNS *netlink.Handle) (netlink.Link, error) {
+func (m *Manager) ensureVeth(ep *Endpoint, nsh netns.NsHandle, inNS *netlink.Handle) (netlink.Link, bool, error) {
 	host, err := netlink.LinkByName(ep.HostIf)
 	switch {
 	case err == nil:
 		if vethJoined(host, inNS) {
-			return host, nil
+			return host, false, nil
 		}
 		if err := netlink.LinkDel(host); err != nil {
-			return nil, fmt.Errorf("delete stale %s: %w", ep.HostIf, err)
+			return nil, false, fmt.Errorf("delete stale %s: %w", ep.HostIf, err)
 		}
 	case !isLinkNotFound(err):
-		return nil, fmt.Errorf("look up %s: %w", ep.HostIf, err)
+		return nil, false, fmt.Errorf("look up %s: %w", ep.HostIf, err)
 	}
 	// A stale eth0 in a reused netns would block the peer's name.
 	if old, err := inNS.LinkByName(SandboxIfName); err == nil {
 		if err := inNS.LinkDel(old); err != nil {
-			return nil, fmt.Errorf("delete stale %s in %s: %w", SandboxIfName, ep.NetNS, err)
+			return nil, false, fmt.Errorf("delete stale %s in %s: %w", SandboxIfName, ep.NetNS, err)
 		}
 	}
 	veth := &netlink.Veth{
@@ -67,13 +74,13 @@ func (m *Manager) ensureVeth(ep *Endpoint, nsh netns.NsHandle, inNS *netlink.Han
 		PeerMTU:       MTU,
 	}
 	if err := netlink.LinkAdd(veth); err != nil {
-		return nil, fmt.Errorf("create veth %s: %w", ep.HostIf, err)
+		return nil, false, fmt.Errorf("create veth %s: %w", ep.HostIf, err)
 	}
 	host, err = netlink.LinkByName(ep.HostIf)
 	if err != nil {
-		return nil, fmt.Errorf("look up new %s: %w", ep.HostIf, err)
+		return nil, false, fmt.Errorf("look up new %s: %w", ep.HostIf, err)
 	}
-	return host, nil
+	return host, true, nil
 }
 
 // vethJoined reports whether host is a veth whose peer is eth0 in inNS.

@@ -117,6 +117,7 @@ func startDaemon(t testing.TB, runtime, dataDir string) *daemon {
 			}
 		}
 		d.stop()
+		unmountUnder(d.dataDir)
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", d.logs.String())
 		}
@@ -150,6 +151,22 @@ func (d *daemon) start() {
 			t.Fatalf("daemon did not come up: %v\n%s", err, d.logs.String())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// unmountUnder lazily unmounts every mount below dir (deepest first), such
+// as the netns runsc pins under its root, so the temp dir can be removed.
+func unmountUnder(dir string) {
+	data, _ := os.ReadFile("/proc/self/mountinfo")
+	var points []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			points = append(points, f[4])
+		}
+	}
+	for i := len(points) - 1; i >= 0; i-- {
+		_ = syscall.Unmount(points[i], syscall.MNT_DETACH)
 	}
 }
 

@@ -29,8 +29,8 @@ type Entry struct {
 	Body string
 }
 
-// Dir, File, Symlink, Hardlink and Whiteout build common entries (root
-// owned, Epoch mtime).
+// Dir is a directory entry. Like the other entry builders it is root
+// owned with an Epoch mtime; set fields on the result to change that.
 func Dir(name string, mode int64) Entry {
 	return Entry{Header: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: mode}}
 }

@@ -2,7 +2,9 @@ package imagetest
 
 import (
 	"archive/tar"
+	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,7 @@ import (
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
 // BusyboxPath is where BusyboxImage expects a statically linked busybox
@@ -21,10 +24,12 @@ const BusyboxPath = "/bin/busybox"
 // DefaultPath is the PATH in BusyboxImage's config.
 const DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+// busybox caches the built layer: building reads ~4 MB of host binaries
+// and the compressed form is memoised so digests are computed once.
 var busybox struct {
-	once sync.Once
-	tar  []byte
-	err  error
+	once  sync.Once
+	layer v1.Layer
+	err   error
 }
 
 // BusyboxImage returns a small but real Linux image: the host's static
@@ -39,14 +44,23 @@ func BusyboxImage(t testing.TB) v1.Image {
 	if _, err := os.Stat(BusyboxPath); err != nil {
 		t.Skipf("imagetest: %s not found (apt-get install busybox-static): %v", BusyboxPath, err)
 	}
-	busybox.once.Do(func() { busybox.tar, busybox.err = busyboxTar(t) })
+	busybox.once.Do(func() {
+		data, err := busyboxTar(t)
+		if err != nil {
+			busybox.err = err
+			return
+		}
+		busybox.layer, busybox.err = tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+			return io.NopCloser(bytes.NewReader(data)), nil
+		}, tarball.WithCompressedCaching)
+	})
 	if busybox.err != nil {
 		t.Fatalf("imagetest: build busybox image: %v", busybox.err)
 	}
 	return Image(t, v1.Config{
 		Env:        []string{"PATH=" + DefaultPath},
 		WorkingDir: "/",
-	}, LayerFromTar(t, busybox.tar))
+	}, busybox.layer)
 }
 
 // rootfs accumulates entries by path; later additions replace earlier

@@ -172,9 +172,16 @@ func newDriver(tb testing.TB, opts ...Option) *Driver {
 		tb.Fatal(err)
 	}
 	// runsc bind-mounts an empty network namespace for its gofers at
-	// <root>/null-netns; it outlives every sandbox.
-	tb.Cleanup(func() { unix.Unmount(filepath.Join(d.runscRoot(), "null-netns"), unix.MNT_DETACH) })
+	// <root>/null-netns, possibly several times over when first starts
+	// race; it outlives every sandbox.
+	tb.Cleanup(func() { d.Close() })
 	return d
+}
+
+// unmountAll removes every mount stacked on path.
+func unmountAll(path string) {
+	for unix.Unmount(path, unix.MNT_DETACH) == nil {
+	}
 }
 
 // rootFS mounts a fresh overlay over the busybox lower dir and returns the

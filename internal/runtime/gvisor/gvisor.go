@@ -25,6 +25,8 @@ import (
 	"regexp"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -118,6 +120,23 @@ func New(runscPath, stateDir string, opts ...Option) (*Driver, error) {
 	return d, nil
 }
 
+// Close releases what runsc shares between sandboxes under the state dir:
+// the empty network namespace it bind-mounts at runsc/null-netns for its
+// gofers. Running sandboxes are unaffected (their gofers joined it long
+// ago), and a later Start simply pins a new one, so Close is safe at any
+// time; call it before removing the state dir, which fails (EBUSY) while
+// the mount exists. Concurrent first starts may have stacked several
+// mounts there, so all are removed.
+func (d *Driver) Close() error {
+	p := filepath.Join(d.runscRoot(), "null-netns")
+	for unix.Unmount(p, unix.MNT_DETACH) == nil {
+	}
+	if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("close gvisor driver: %w", err)
+	}
+	return nil
+}
+
 // Name returns "gvisor".
 func (d *Driver) Name() string { return Name }
 
@@ -157,6 +176,10 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 	if err := writeBundle(dir, spec, d.hostResolv); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
+	if err := saveNetConfig(spec.NetNS, dir); err != nil {
+		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
+	undo.Push(func(context.Context) error { return restoreNetConfig(dir) })
 	// runsc may have created part of the sandbox before failing.
 	undo.Push(func(ctx context.Context) error { return d.destroy(ctx, spec.ID) })
 	if err := d.runDetached(ctx, spec.ID, dir); err != nil {
@@ -198,23 +221,23 @@ func (d *Driver) runDetached(ctx context.Context, id, dir string) error {
 	// terminal reaches the sandbox. No Pdeathsig, deliberately.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
-		msg := tailFile(logPath, 2048)
-		if c := tailFile(consolePath, 1024); c != "" {
-			msg += "\n" + c
-		}
-		return fmt.Errorf("runsc run: %w: %s", err, msg)
+		return fmt.Errorf("runsc run: %w: %s", err, failureReason(logPath, consolePath))
 	}
 	return nil
 }
 
-// Stop kills every process of sandbox id and deletes runsc's state and the
-// bundle directory. It is idempotent: an unknown or already dead id is fine.
+// Stop kills every process of sandbox id, gives its netns back the
+// configuration runsc took over (see netns.go), and deletes runsc's state
+// and the bundle directory. It is idempotent: an unknown or already dead id is fine.
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return fmt.Errorf("stop sandbox %q: malformed id: %w", id, errdefs.ErrInvalid)
 	}
 	if err := d.destroy(ctx, id); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
+	if err := restoreNetConfig(d.bundleDir(id)); err != nil {
+		return fmt.Errorf("stop sandbox %s: give the netns back: %w", id, err)
 	}
 	if err := os.RemoveAll(d.bundleDir(id)); err != nil {
 		return fmt.Errorf("stop sandbox %s: remove state: %w", id, err)
@@ -240,7 +263,7 @@ type containerState struct {
 	Pid    int    `json:"pid"`
 }
 
-// Running reports whether sandbox id's PID 1 is alive, asking runsc (so it
+// Running reports whether sandbox id's PID 1 is alive (running or paused), asking runsc (so it
 // works for sandboxes started by an earlier daemon). An unknown id is simply
 // not running. A sandbox whose Sentry was killed (e.g. by the host OOM
 // killer) is reported stopped.
@@ -259,7 +282,9 @@ func (d *Driver) Running(ctx context.Context, id string) (bool, error) {
 	if err := json.Unmarshal(out, &st); err != nil {
 		return false, fmt.Errorf("state of sandbox %s: decode %q: %w", id, out, err)
 	}
-	return st.Status == "running", nil
+	// A paused sandbox (frozen for a snapshot) is alive too: recovery must
+	// adopt it, not discard it.
+	return st.Status == "running" || st.Status == "paused", nil
 }
 
 // validate checks what Start needs from spec before touching anything.

@@ -3,6 +3,7 @@ package gvisor
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -95,6 +96,36 @@ func isNotExist(err error) bool {
 		return false
 	}
 	return strings.Contains(re.stderr, "does not exist") || strings.Contains(re.stderr, "no such file or directory")
+}
+
+// failureReason summarises why `runsc run` failed from the tails of its log
+// (JSON lines whose "msg" is extracted) and of the console, where runsc and
+// PID 1 write to stderr. Lines already seen are not repeated.
+func failureReason(logPath, consolePath string) string {
+	var lines []string
+	seen := map[string]bool{}
+	for _, p := range []string{logPath, consolePath} {
+		for _, l := range strings.Split(tailFile(p, 2048), "\n") {
+			var entry struct {
+				Msg string `json:"msg"`
+			}
+			if json.Unmarshal([]byte(l), &entry) == nil && entry.Msg != "" {
+				l = entry.Msg
+			}
+			l = strings.TrimSpace(l)
+			if l != "" && !seen[l] {
+				seen[l] = true
+				lines = append(lines, l)
+			}
+		}
+	}
+	if len(lines) > 8 {
+		lines = lines[len(lines)-8:]
+	}
+	if len(lines) == 0 {
+		return "no output from runsc"
+	}
+	return strings.Join(lines, "; ")
 }
 
 // tailFile returns up to the last n bytes of path, trimmed, or "" if it

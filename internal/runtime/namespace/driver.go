@@ -13,6 +13,13 @@
 // detached: they survive the daemon, and the pid plus its kernel start time
 // persisted under stateDir/<id>/ let a restarted daemon find them again
 // without being fooled by pid reuse.
+//
+// Memory: the sandbox's memory cgroup caps everything in it, and the kernel's
+// OOM killer picks the task with the largest footprint — the hog, not the
+// small agent. The agent is deliberately not given oom_score_adj -1000: the
+// value is inherited across fork and Go's os/exec cannot reset it in the
+// child before exec, so every command would become unkillable too and an
+// OOM in the cgroup would find no victim.
 package namespace
 
 import (

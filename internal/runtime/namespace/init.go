@@ -30,6 +30,10 @@ type initConfig struct {
 	Hostname string    `json:"hostname"`
 	Env      []string  `json:"env"`
 	Mounts   []fdMount `json:"mounts"`
+	// SysFD is a read-only sysfs mounted by the daemon from the sandbox's
+	// netns (a user namespace may not mount sysfs for a netns it does not
+	// own).
+	SysFD int `json:"sys_fd"`
 }
 
 // Init is the entry point of the sandbox's PID 1 before it becomes the agent.
@@ -68,7 +72,7 @@ func runInit() error {
 			return fmt.Errorf("sethostname: %w", err)
 		}
 	}
-	if err := setupRoot(cfg.Mounts); err != nil {
+	if err := setupRoot(cfg.Mounts, cfg.SysFD); err != nil {
 		return err
 	}
 	if err := dropPrivileges(); err != nil {
@@ -82,28 +86,17 @@ func runInit() error {
 // setupRoot makes the idmapped rootfs the root, with fresh /proc, a minimal
 // /dev, read-only /sys and the daemon's bind mounts, and the host's tree
 // detached.
-func setupRoot(mounts []fdMount) error {
+func setupRoot(mounts []fdMount, sys int) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
-	// Mounts that must be made while the host's tree is still visible:
-	// proc (the kernel only allows it while a full proc is visible) and
-	// the recursive read-only clone of /sys.
+	// proc must be made while the host's tree is still visible: the kernel
+	// refuses proc in a user namespace unless a full proc is visible.
 	proc, err := newFS("proc", "", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(proc)
-	sys, err := unix.OpenTree(unix.AT_FDCWD, "/sys", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
-	if err != nil {
-		return fmt.Errorf("clone /sys: %w", err)
-	}
-	defer unix.Close(sys)
-	ro := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
-	if err := unix.MountSetattr(sys, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, &ro); err != nil {
-		return fmt.Errorf("read-only /sys: %w", err)
-	}
-
 	// Attach the rootfs on a scratch tmpfs (a path init can reach without
 	// host privileges), and pivot into it.
 	if err := unix.Mount("tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0700,size=4k"); err != nil {
@@ -136,12 +129,6 @@ func setupRoot(mounts []fdMount) error {
 	}
 	if err := attach(sys, "/sys", false); err != nil {
 		return err
-	}
-	if _, err := os.Stat("/sys/fs/cgroup"); err == nil {
-		// Hide the host's cgroup tree.
-		if err := unix.Mount("tmpfs", "/sys/fs/cgroup", "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0555"); err != nil {
-			return fmt.Errorf("mask /sys/fs/cgroup: %w", err)
-		}
 	}
 	if err := setupDev(); err != nil {
 		return err

@@ -71,7 +71,8 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	cfg := initConfig{Hostname: spec.Hostname, Env: spec.Env, Mounts: mounts.targets}
+	cfg := initConfig{Hostname: spec.Hostname, Env: spec.Env, Mounts: mounts.targets,
+		SysFD: firstMountFD + len(mounts.files)} // appended by spawn
 
 	cmd, pipes, err := d.spawn(spec, mounts.files)
 	if err != nil {
@@ -157,17 +158,37 @@ func (d *Driver) spawn(spec runtime.Spec, mounts []*os.File) (*exec.Cmd, initPip
 			UidMappings:                idMap(),
 			GidMappings:                idMap(),
 			GidMappingsEnableSetgroups: true,
+			// Become root of the new namespace before exec, or exec as
+			// the unmapped kuid 0 (nobody inside) would drop every cap.
+			Credential: &syscall.Credential{Uid: 0, Gid: 0},
 		},
 	}
-	if err := startInNetns(cmd, spec.NetNS); err != nil {
+	// sysfs shows the network devices of the netns it is mounted from, so
+	// it is made here, on the thread that joined the sandbox's netns.
+	sysfs := func() error {
+		fd, err := newFS("sysfs", "sysfs", unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+		if err != nil {
+			return err
+		}
+		f := os.NewFile(uintptr(fd), "sysfs")
+		cmd.ExtraFiles = append(cmd.ExtraFiles, f)
+		return nil
+	}
+	defer func() {
+		if n := len(cmd.ExtraFiles); n > 2+len(mounts) {
+			cmd.ExtraFiles[n-1].Close()
+		}
+	}()
+	if err := startInNetns(cmd, spec.NetNS, sysfs); err != nil {
 		p.close()
 		return nil, initPipes{}, err
 	}
 	return cmd, p, nil
 }
 
-// startInNetns starts cmd from a locked OS thread switched to netnsPath.
-func startInNetns(cmd *exec.Cmd, netnsPath string) error {
+// startInNetns starts cmd from a locked OS thread switched to netnsPath,
+// after running prepare on that thread.
+func startInNetns(cmd *exec.Cmd, netnsPath string, prepare func() error) error {
 	target, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open netns: %w", err)
@@ -184,7 +205,10 @@ func startInNetns(cmd *exec.Cmd, netnsPath string) error {
 		goruntime.UnlockOSThread()
 		return fmt.Errorf("join netns %s: %w", netnsPath, err)
 	}
-	startErr := cmd.Start()
+	startErr := prepare()
+	if startErr == nil {
+		startErr = cmd.Start()
+	}
 	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
 		// Leave the thread locked: the runtime discards it when this
 		// goroutine exits instead of reusing it in the wrong netns.

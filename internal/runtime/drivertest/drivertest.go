@@ -1,0 +1,203 @@
+// Package drivertest is the conformance suite every runtime.Driver passes.
+// It starts real sandboxes with the real agent on fixtures it builds itself
+// (a busybox rootfs under an overlay, a veth-backed netns), and asserts only
+// what is observable through the agent or on the host's files, so that the
+// gvisor, namespace and future drivers are held to the same contract.
+//
+// The fixtures need root, a static busybox and a buildable cmd/cubicle;
+// otherwise the suite skips with the reason.
+package drivertest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// Run runs the suite. newDriver is called once per subtest; calling it again
+// with the same *testing.T must return a driver over the same state (that is
+// how the suite simulates a daemon restart), e.g. by deriving the state dir
+// from t.Name().
+func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
+	env := NewEnv(t)
+	t.Run("EchoAndHostname", func(t *testing.T) {
+		s := env.Start(t, newDriver(t), runtime.Limits{}, nil)
+		out := s.MustExec(t, "echo hello; hostname")
+		if want := "hello\n" + s.Spec.Hostname + "\n"; out != want {
+			t.Fatalf("got %q, want %q", out, want)
+		}
+	})
+	t.Run("WritesPersistInUpperOwnedByRoot", func(t *testing.T) {
+		s := env.Start(t, newDriver(t), runtime.Limits{}, nil)
+		out := s.MustExec(t, "echo data > /root/file.txt && touch /etc/x && stat -c %u:%g /etc/x /etc/passwd")
+		if out != "0:0\n0:0\n" {
+			t.Errorf("owners inside = %q, want root for created and image files", out)
+		}
+		for _, p := range []string{"root/file.txt", "etc/x"} {
+			fi, err := os.Stat(filepath.Join(s.RootFS.Upper, p))
+			if err != nil {
+				t.Fatalf("upper dir: %v", err)
+			}
+			if uid := statUID(fi); uid != 0 {
+				t.Errorf("%s in upper dir owned by uid %d, want 0 (portable between drivers)", p, uid)
+			}
+		}
+		if b, _ := os.ReadFile(filepath.Join(s.RootFS.Upper, "root/file.txt")); string(b) != "data\n" {
+			t.Errorf("upper file content %q", b)
+		}
+	})
+	t.Run("Isolation", func(t *testing.T) { testIsolation(t, env, newDriver(t)) })
+	t.Run("SandboxesDoNotSeeEachOther", func(t *testing.T) {
+		d := newDriver(t)
+		a := env.Start(t, d, runtime.Limits{}, nil)
+		b := env.Start(t, d, runtime.Limits{}, nil)
+		a.MustExec(t, "echo secret > /root/a-secret; sleep 300 >/dev/null 2>&1 &")
+		if _, _, code := b.Exec(t, "test -e /root/a-secret"); code == 0 {
+			t.Error("sandbox b sees a's file")
+		}
+		if out := b.MustExec(t, "ps -o comm | grep -c '^sleep' || true"); strings.TrimSpace(out) != "0" {
+			t.Errorf("sandbox b sees a's processes: %q", out)
+		}
+	})
+	t.Run("MemoryHogIsKilled", func(t *testing.T) {
+		s := env.Start(t, newDriver(t), runtime.Limits{MemBytes: 64 << 20, PidsMax: 256}, nil)
+		// dd allocates and fills a 256 MiB block: far over the limit.
+		_, errOut, code := s.Exec(t, "dd if=/dev/zero of=/dev/null bs=256M count=1")
+		if code == 0 {
+			t.Fatalf("memory hog exited 0 under a 64 MiB limit (stderr %q)", errOut)
+		}
+		t.Logf("hog exit code %d", code)
+		if out := s.MustExec(t, "echo alive"); out != "alive\n" {
+			t.Fatalf("agent after OOM: %q", out)
+		}
+	})
+	t.Run("ForkBombIsContained", func(t *testing.T) {
+		const max = 64
+		d := newDriver(t)
+		s := env.Start(t, d, runtime.Limits{PidsMax: max}, nil)
+		// Fork sleepers until fork fails, recording progress with builtins
+		// only; ash gives up at the first failed fork.
+		s.Exec(t, "i=0; while [ $i -lt 300 ]; do sleep 2 & i=$((i+1)); echo $i > /tmp/n; done")
+		// The sleepers hold the pids until they exit; retry until the
+		// sandbox can fork again.
+		var out string
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			time.Sleep(500 * time.Millisecond)
+			o, _, code := s.Exec(t, "cat /tmp/n")
+			if code == 0 {
+				out = o
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("sandbox cannot fork 10 s after the bomb")
+			}
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		t.Logf("forked %d sleepers before the pids limit", n)
+		if n <= 0 || n >= max {
+			t.Errorf("forked %d sleepers, want fewer than PidsMax=%d", n, max)
+		}
+		if out := s.MustExec(t, "echo alive"); out != "alive\n" {
+			t.Fatalf("agent after fork bomb: %q", out)
+		}
+		other := env.Start(t, d, runtime.Limits{PidsMax: max}, nil)
+		if out := other.MustExec(t, "echo ok"); out != "ok\n" {
+			t.Fatalf("second sandbox: %q", out)
+		}
+	})
+	t.Run("StopKillsEverything", func(t *testing.T) {
+		d := newDriver(t)
+		s := env.Start(t, d, runtime.Limits{}, nil)
+		s.MustExec(t, "nohup sleep 300 >/dev/null 2>&1 &")
+		ctx := context.Background()
+		if err := d.Stop(ctx, s.Spec.ID); err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+		if ok, err := d.Running(ctx, s.Spec.ID); err != nil || ok {
+			t.Fatalf("Running after Stop = %v, %v", ok, err)
+		}
+		hctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if err := s.Client.Health(hctx); err == nil {
+			t.Fatal("agent still answers after Stop")
+		}
+		if err := d.Stop(ctx, s.Spec.ID); err != nil {
+			t.Fatalf("second Stop: %v", err)
+		}
+		if err := d.Stop(ctx, NewID()); err != nil {
+			t.Fatalf("Stop of unknown id: %v", err)
+		}
+	})
+	t.Run("RunningAfterRestart", func(t *testing.T) {
+		s := env.Start(t, newDriver(t), runtime.Limits{}, nil)
+		restarted := newDriver(t)
+		ctx := context.Background()
+		if ok, err := restarted.Running(ctx, s.Spec.ID); err != nil || !ok {
+			t.Fatalf("Running on a new driver instance = %v, %v; want true", ok, err)
+		}
+		if ok, err := restarted.Running(ctx, NewID()); err != nil || ok {
+			t.Fatalf("Running(unknown) = %v, %v", ok, err)
+		}
+		if err := restarted.Stop(ctx, s.Spec.ID); err != nil {
+			t.Fatalf("Stop via new instance: %v", err)
+		}
+		if ok, _ := restarted.Running(ctx, s.Spec.ID); ok {
+			t.Fatal("still running after Stop")
+		}
+	})
+}
+
+// testIsolation checks that host files, processes, the daemon's data dir and
+// host-loopback services are out of reach.
+func testIsolation(t *testing.T, env *Env, d runtime.Driver) {
+	dataDir := t.TempDir()
+	os.WriteFile(filepath.Join(dataDir, "db.sqlite"), []byte("secret"), 0o600)
+	marker := fmt.Sprintf("/root/.cubicle-drivertest-%s", NewID())
+	if err := os.WriteFile(marker, []byte("host"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(marker) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan struct{}, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+			accepted <- struct{}{}
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+
+	s := env.Start(t, d, runtime.Limits{}, nil)
+	for _, p := range []string{marker, dataDir, filepath.Join(dataDir, "db.sqlite"), env.Base} {
+		if _, _, code := s.Exec(t, "test -e "+p); code == 0 {
+			t.Errorf("host path %s is visible inside", p)
+		}
+	}
+	out := s.MustExec(t, "ls /proc | grep -c '^[0-9]'")
+	if n, _ := strconv.Atoi(strings.TrimSpace(out)); n == 0 || n > 8 {
+		t.Errorf("sandbox sees %d processes, want only its own few", n)
+	}
+	if cmd := s.MustExec(t, "tr '\\0' ' ' < /proc/1/cmdline"); !strings.Contains(cmd, "agent") {
+		t.Errorf("PID 1 is %q, want the agent", cmd)
+	}
+	if _, _, code := s.Exec(t, fmt.Sprintf("nc -w 1 127.0.0.1 %d </dev/null", port)); code == 0 {
+		t.Error("host loopback listener reachable from inside")
+	}
+	select {
+	case <-accepted:
+		t.Error("host loopback listener accepted a connection from the sandbox")
+	default:
+	}
+}

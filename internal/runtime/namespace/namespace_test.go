@@ -1,0 +1,188 @@
+package namespace
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/runtime/drivertest"
+)
+
+// TestMain lets the test binary double as the sandbox init, as the daemon's
+// binary does with `cubicle nsinit`.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == InitArg {
+		Init()
+	}
+	os.Exit(m.Run())
+}
+
+// newTestDriver returns a driver whose state dir is derived from t.Name(),
+// so a second call in the same test sees the first one's sandboxes.
+func newTestDriver(tb testing.TB) *Driver {
+	tb.Helper()
+	dir := filepath.Join(os.TempDir(), "cubicle-nstest-"+regexp.MustCompile(`[^a-zA-Z0-9]+`).ReplaceAllString(tb.Name(), "_"))
+	d, err := New(dir, WithCgroupRoot("/sys/fs/cgroup", "cubicle-test"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		d.Close()
+		os.RemoveAll(dir)
+	})
+	return d
+}
+
+func TestDriverSuite(t *testing.T) {
+	drivertest.Run(t, func(t *testing.T) runtime.Driver { return newTestDriver(t) })
+}
+
+func BenchmarkDriver(b *testing.B) {
+	drivertest.Bench(b, func(b *testing.B) runtime.Driver { return newTestDriver(b) })
+}
+
+// TestEscape checks the namespace driver's own hardening: what root inside
+// may not do, and how it looks from the host.
+func TestEscape(t *testing.T) {
+	env := drivertest.NewEnv(t)
+	d := newTestDriver(t)
+	s := env.Start(t, d, runtime.Limits{MemBytes: 256 << 20, PidsMax: 512, MilliCPUs: 1500}, nil)
+
+	denied := map[string]string{
+		"mount tmpfs":        "mount -t tmpfs none /mnt",
+		"mount proc":         "mkdir -p /p && mount -t proc proc /p",
+		"load module":        "insmod /nonexistent.ko",
+		"unshare userns":     "unshare -U true",
+		"unshare mount ns":   "unshare -m true",
+		"nsenter host":       "nsenter -t 1 -m true",
+		"chroot escape":      "mkdir -p /x && chroot /x /bin/true",
+		"set time":           "date -s 2000-01-01 >/dev/null; test $(date +%Y) = 2000",
+		"raw disk":           "ls /dev/vda /dev/sda",
+		"kernel log":         "dmesg",
+		"write sysfs":        "echo 1 > /sys/kernel/mm/ksm/run",
+		"write proc sysctl":  "echo 1 > /proc/sys/kernel/sysrq",
+		"sethostname again":  "hostname evil",
+		"swapoff":            "swapoff -a && grep -q . /proc/swaps",
+		"host cgroup fs":     "ls /sys/fs/cgroup/memory",
+		"reboot":             "reboot -f",
+		"mknod block device": "mknod /tmp/sda b 8 0 && head -c1 /tmp/sda",
+	}
+	for name, cmd := range denied {
+		if out, errOut, code := s.Exec(t, cmd); code == 0 {
+			t.Errorf("%s: %q succeeded inside (stdout %q stderr %q)", name, cmd, out, errOut)
+		}
+	}
+
+	status := s.MustExec(t, "cat /proc/1/status")
+	want := map[string]string{
+		"CapEff":     fmt.Sprintf("%016x", keptMask()),
+		"CapBnd":     fmt.Sprintf("%016x", keptMask()),
+		"NoNewPrivs": "1",
+		"Seccomp":    "2",
+		"Uid":        "0\t0\t0\t0",
+	}
+	for k, v := range want {
+		if got := field(status, k); got != v {
+			t.Errorf("/proc/1/status inside %s = %q, want %q", k, got, v)
+		}
+	}
+	// Only single-file binds (agent, resolv.conf, hosts) come from the host's
+	// disk; no host directory, netns or cgroup tree is mounted.
+	mounts := s.MustExec(t, "cat /proc/self/mountinfo")
+	if strings.Contains(mounts, "/var/run/netns") || strings.Contains(mounts, env.Base) ||
+		strings.Contains(mounts, " cgroup ") || regexp.MustCompile(`(?m)^\S+ \S+ \S+ / \S+ .* - ext4 `).MatchString(mounts) {
+		t.Errorf("host mounts visible inside:\n%s", mounts)
+	}
+	if out := s.MustExec(t, "cat /proc/self/cgroup"); strings.Contains(out, "cubicle") {
+		t.Errorf("cgroup namespace leaks host paths: %q", out)
+	}
+
+	// From the host: PID 1 runs as the unprivileged mapped uid.
+	st, err := d.readState(s.Spec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", st.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := field(string(b), "Uid"), "1000000\t1000000\t1000000\t1000000"; got != want {
+		t.Errorf("host view of PID 1 Uid = %q, want %q", got, want)
+	}
+	// The limits landed in the cgroups.
+	for file, want := range map[string]string{
+		"memory/cubicle-test/%s/memory.limit_in_bytes": "268435456",
+		"pids/cubicle-test/%s/pids.max":                "512",
+		"cpu/cubicle-test/%s/cpu.cfs_quota_us":         "150000",
+	} {
+		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", fmt.Sprintf(file, s.Spec.ID)))
+		if err != nil || strings.TrimSpace(string(b)) != want {
+			t.Errorf("%s = %q, %v; want %s", file, b, err, want)
+		}
+	}
+	if err := d.Stop(context.Background(), s.Spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/pids/cubicle-test", s.Spec.ID)); !os.IsNotExist(err) {
+		t.Errorf("cgroup left after Stop: %v", err)
+	}
+}
+
+// TestStartFailureLeavesNothing starts on a bogus netns and checks that no
+// state or cgroup remains.
+func TestStartFailureLeavesNothing(t *testing.T) {
+	env := drivertest.NewEnv(t)
+	d := newTestDriver(t)
+	s := env.Prepare(t, runtime.Limits{PidsMax: 10}, func(sp *runtime.Spec) { sp.NetNS = "/nonexistent" })
+	if err := d.Start(context.Background(), s.Spec); err == nil {
+		t.Fatal("Start with a missing netns succeeded")
+	}
+	s = env.Prepare(t, runtime.Limits{PidsMax: 10}, func(sp *runtime.Spec) { sp.AgentBinary = "/etc/hostname" })
+	err := d.Start(context.Background(), s.Spec)
+	if err == nil {
+		t.Fatal("Start with a non-executable agent succeeded")
+	}
+	t.Logf("expected error: %v", err)
+	if _, err := os.Stat(d.dir(s.Spec.ID)); !os.IsNotExist(err) {
+		t.Errorf("state dir left after failed Start: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/pids/cubicle-test", s.Spec.ID)); !os.IsNotExist(err) {
+		t.Errorf("cgroup left after failed Start: %v", err)
+	}
+}
+
+func TestParseOverlayOpts(t *testing.T) {
+	l, err := parseOverlayOpts(`rw,lowerdir=/a\:b:/c\054d,upperdir=/u\040x,workdir=/w,redirect_dir=on`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(l.lower) != "[/a:b /c,d]" || l.upper != "/u x" || l.work != "/w" {
+		t.Fatalf("got %+v", l)
+	}
+	l, err = parseOverlayOpts(`ro,lowerdir+=/a,lowerdir+=/b,upperdir=/u,workdir=/w`)
+	if err != nil || fmt.Sprint(l.lower) != "[/a /b]" {
+		t.Fatalf("got %+v, %v", l, err)
+	}
+}
+
+func keptMask() uint64 {
+	var m uint64
+	for _, c := range keptCaps {
+		m |= 1 << c
+	}
+	return m
+}
+
+func field(status, key string) string {
+	for _, line := range strings.Split(status, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && k == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
