@@ -50,7 +50,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		writeValidation(w, "command", "is required")
 		return
 	}
-	c, rc, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	conn, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return
@@ -61,15 +61,26 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	}
 	f := protocol.ExecFrame{Type: protocol.FrameExecute, Command: req.Command, Shell: req.Shell, TimeoutSeconds: &timeout,
 		Env: req.Env, Cwd: req.Cwd, RunConfig: req.RunConfig, CloseStdin: true, CommandID: uuid.NewString()}
-	if err := layerExec(rc, &f); err != nil {
+	if err := layerExec(conn.RunConfig, &f); err != nil {
 		writeError(r.Context(), w, err)
 		return
 	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-conn.Gone:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	var stdout, stderr strings.Builder
-	code, err := c.Exec(r.Context(), f, &stdout, &stderr)
+	code, err := conn.Agent.Exec(ctx, f, &stdout, &stderr)
 	switch {
 	case errors.Is(err, agent.ErrCommandTimeout):
 		writeDetail(w, http.StatusRequestTimeout, protocol.ErrCommandTimeout, fmt.Sprintf("command timed out after %ds", timeout))
+	case err != nil && isClosed(conn.Gone):
+		writeDetail(w, http.StatusBadGateway, "ConnectionError", "the sandbox stopped while the command ran: "+s.mgr.StatusMessage(r.Context(), r.PathValue("id")))
 	case err != nil:
 		writeDetail(w, http.StatusBadGateway, "ConnectionError", err.Error())
 	default:
@@ -81,7 +92,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 // and the sandbox's agent, which owns command sessions. The daemon only
 // rewrites the first execute frame to apply the layered run config.
 func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
-	c, rc, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return
@@ -99,14 +110,15 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if first.Type == protocol.FrameExecute {
-		if err := layerExec(rc, &first); err != nil {
+		if err := layerExec(dp.RunConfig, &first); err != nil {
 			_ = wsjson.Write(ctx, conn, protocol.ExecFrame{Type: protocol.FrameError, ErrorType: protocol.ErrCommandError, Error: err.Error()})
 			conn.Close(websocket.StatusNormalClosure, "")
 			return
 		}
 	}
-	up, err := c.DialExec(ctx)
+	up, err := dp.Agent.DialExec(ctx)
 	if err != nil {
+		// 1011 before `started` is fatal for the client: say why.
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return
 	}
@@ -116,13 +128,15 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return
 	}
-	relay(ctx, conn, up)
+	relay(ctx, conn, up, dp.Gone)
 }
 
 // relay copies frames both ways until one side closes, then closes the other
 // with the same status, so the client sees the agent's normal closure after
-// exit and the agent sees a client's disconnect.
-func relay(ctx context.Context, client, up *websocket.Conn) {
+// exit and the agent sees a client's disconnect. If the sandbox instance
+// goes (stopped or died), the client gets 1001 "going away", on which the
+// official client reconnects at once.
+func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -130,8 +144,26 @@ func relay(ctx context.Context, client, up *websocket.Conn) {
 		up.Close(closeStatus(err), "")
 		cancel()
 	}()
+	go func() {
+		select {
+		case <-gone:
+			client.Close(websocket.StatusGoingAway, "sandbox stopped")
+			up.CloseNow()
+		case <-ctx.Done():
+		}
+	}()
 	err := pipe(ctx, client, up)
 	client.Close(closeStatus(err), "")
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func pipe(ctx context.Context, dst, src *websocket.Conn) error {
@@ -174,7 +206,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	c, _, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return
@@ -198,7 +230,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if err := c.WriteFile(r.Context(), path, 0o644, body); err != nil {
+	if err := dp.Agent.WriteFile(r.Context(), path, 0o644, body); err != nil {
 		writeAgentError(w, r, err)
 		return
 	}
@@ -217,7 +249,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	c, _, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return
@@ -228,9 +260,9 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 			hdr[k] = v
 		}
 	}
-	open := c.OpenFile
+	open := dp.Agent.OpenFile
 	if r.Method == http.MethodHead {
-		open = c.HeadFile
+		open = dp.Agent.HeadFile
 	}
 	resp, err := open(r.Context(), path, hdr)
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/vishvananda/netlink"
 	"io/fs"
 	"net/netip"
 	"os"
@@ -72,9 +73,15 @@ func (m *Manager) allocate(id string) (*record, error) {
 			return nil, fmt.Errorf("interface name %s of %s already used by %s: %w", ifName, id, r.ID, errdefs.ErrConflict)
 		}
 	}
+	// Addresses already on the host (another daemon on the same pool, a
+	// leftover link) are taken too: reusing one would misroute traffic.
+	onHost, err := hostAddrs()
+	if err != nil {
+		return nil, err
+	}
 	index := -1
 	for i := range m.subnets() {
-		if !used[i] {
+		if host, _ := m.subnet(i); !used[i] && !onHost[host] {
 			index = i
 			break
 		}
@@ -183,4 +190,19 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// hostAddrs returns every IPv4 address assigned in the host's namespace.
+func hostAddrs() (map[netip.Addr]bool, error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list host addresses: %w", err)
+	}
+	out := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			out[ip] = true
+		}
+	}
+	return out, nil
 }

@@ -64,4 +64,9 @@ type Driver interface {
 	Stop(ctx context.Context, id string) error
 	// Running reports whether the sandbox id is alive (used on recovery).
 	Running(ctx context.Context, id string) (bool, error)
+	// PID returns the host process whose exit means the sandbox is gone
+	// (gVisor's Sentry, the namespace sandbox's PID 1, a VMM), or 0 when
+	// id is not running. The manager watches it to notice sandboxes that
+	// die on their own, e.g. killed for exceeding their memory limit.
+	PID(ctx context.Context, id string) (int, error)
 }

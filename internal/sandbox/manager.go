@@ -82,6 +82,7 @@ type Manager struct {
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex    // per sandbox id: serialises lifecycle transitions
 	agents map[string]*agent.Client  // per sandbox id, while running
+	gone   map[string]chan struct{}   // per sandbox id, closed when its instance goes
 	active map[string]time.Time      // last activity per sandbox id
 	builds map[string]*buildProgress // per snapshot id, while building
 	bg     sync.WaitGroup
@@ -100,6 +101,7 @@ func New(cfg Config) *Manager {
 		log:    cfg.Logger,
 		locks:  map[string]*sync.Mutex{},
 		agents: map[string]*agent.Client{},
+		gone:   map[string]chan struct{}{},
 		active: map[string]time.Time{},
 		builds: map[string]*buildProgress{},
 	}
@@ -130,20 +132,32 @@ func (m *Manager) touch(id string) {
 	m.mu.Unlock()
 }
 
-func (m *Manager) agentFor(id string) *agent.Client {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.agents[id]
-}
-
+// setAgent records the agent client of sandbox id's running instance, or
+// with nil that the instance is gone, which ends every stream relayed to it.
 func (m *Manager) setAgent(id string, c *agent.Client) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if ch := m.gone[id]; ch != nil {
+		close(ch)
+		delete(m.gone, id)
+	}
+	if old := m.agents[id]; old != nil {
+		old.Close()
+	}
 	if c == nil {
 		delete(m.agents, id)
 		return
 	}
 	m.agents[id] = c
+	m.gone[id] = make(chan struct{})
+}
+
+// instance returns the agent client of sandbox id's running instance and a
+// channel closed when that instance goes, or nil.
+func (m *Manager) instance(id string) (*agent.Client, <-chan struct{}) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.agents[id], m.gone[id]
 }
 
 // runtimeID is the fixed-length (32 hex) id drivers use for a sandbox.

@@ -55,6 +55,7 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
 				cancel()
 				if err == nil {
 					m.setAgent(sb.ID, c)
+					m.watch(ctx, sb.ID, c)
 					m.touch(sb.ID)
 					log.Info("re-adopted running sandbox")
 					return
@@ -62,7 +63,7 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
 			}
 			log.Warn("running sandbox unreachable; stopping it", "err", err)
 		}
-		if err := m.halt(ctx, sb); err != nil {
+		if err := m.halt(ctx, sb, "found not running after a daemon restart; the next request starts it again"); err != nil {
 			log.Error("mark sandbox stopped", "err", err)
 		}
 	case protocol.StatusProvisioning:

@@ -135,6 +135,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		}
 		return m.cfg.Storage.Unmount(ctx, rid)
 	})
+	tMount := time.Now()
 	ep, err := m.cfg.Network.Setup(ctx, rid)
 	if err != nil {
 		return fmt.Errorf("set up network: %w", err)
@@ -146,22 +147,27 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		Hostname: hostname(sb), NetNS: ep.NetNS,
 		Limits: runtime.Limits{MilliCPUs: sb.VCPUs * 1000, MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
 	}
+	tNet := time.Now()
 	if err := m.cfg.Driver.Start(ctx, spec); err != nil {
 		return &BootError{Err: fmt.Errorf("start %s sandbox: %w", m.cfg.Driver.Name(), err)}
 	}
 	undo.Push(func(ctx context.Context) error { return m.cfg.Driver.Stop(ctx, rid) })
+	tDriver := time.Now()
 	client := agent.NewClient(agentAddr(ep.SandboxIP), sb.Token)
 	if err := client.WaitReady(ctx, 2*time.Millisecond); err != nil {
 		return &BootError{Err: fmt.Errorf("wait for agent: %w", err)}
 	}
+	tAgent := time.Now()
 	sb.Status, sb.StatusMessage, sb.StoppedAt, sb.UpdatedAt = protocol.StatusReady, "", nil, time.Now().UTC()
 	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
 		return err
 	}
 	undo.Release()
 	m.setAgent(sb.ID, client)
+	m.watch(ctx, sb.ID, client)
 	m.touch(sb.ID)
-	m.log.Info("sandbox ready", "sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(), "boot", time.Since(start))
+	m.log.Info("sandbox ready", "sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(), "boot", time.Since(start),
+		"rootfs", tMount.Sub(start), "network", tNet.Sub(tMount), "driver", tDriver.Sub(tNet), "agent", tAgent.Sub(tDriver))
 	return nil
 }
 
@@ -239,12 +245,12 @@ func (m *Manager) StopSandbox(ctx context.Context, name string) error {
 	if sb.Status != protocol.StatusReady {
 		return fmt.Errorf("sandbox %s is %s, not ready: %w", name, sb.Status, errdefs.ErrConflict)
 	}
-	return m.halt(ctx, sb)
+	return m.halt(ctx, sb, "")
 }
 
 // halt stops sb's processes and network, unmounts its rootfs and records it
-// stopped. Callers hold sb's lock.
-func (m *Manager) halt(ctx context.Context, sb *store.Sandbox) error {
+// stopped with msg as its status message. Callers hold sb's lock.
+func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) error {
 	rid := runtimeID(sb.ID)
 	m.setAgent(sb.ID, nil)
 	if err := m.cfg.Driver.Stop(ctx, rid); err != nil {
@@ -257,7 +263,7 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox) error {
 		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
 	}
 	now := time.Now().UTC()
-	sb.Status, sb.StatusMessage, sb.StoppedAt, sb.UpdatedAt = protocol.StatusStopped, "", &now, now
+	sb.Status, sb.StatusMessage, sb.StoppedAt, sb.UpdatedAt = protocol.StatusStopped, msg, &now, now
 	return m.cfg.Store.UpdateSandbox(ctx, sb)
 }
 
@@ -328,55 +334,59 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	return nil
 }
 
-// Agent returns a client for the agent of the sandbox with id, waking the
-// sandbox if it is stopped, and records activity. The caller must already
-// have checked the caller may use the sandbox (see Dataplane).
-func (m *Manager) Agent(ctx context.Context, id string) (*agent.Client, *store.Sandbox, error) {
-	if c := m.agentFor(id); c != nil {
-		sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
-		if err != nil {
-			return nil, nil, err
-		}
-		m.touch(id)
-		return c, sb, nil
-	}
-	if err := m.wake(ctx, id, false); err != nil {
-		return nil, nil, err
-	}
-	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
-	if err != nil {
-		return nil, nil, err
-	}
-	c := m.agentFor(id)
-	if c == nil {
-		return nil, nil, fmt.Errorf("sandbox %s is %s: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
-	}
-	m.touch(id)
-	return c, sb, nil
+// Conn is a dataplane request's handle on a running sandbox.
+type Conn struct {
+	// Agent talks to the sandbox's agent.
+	Agent *agent.Client
+	// RunConfig is the sandbox's effective run config (image → snapshot →
+	// sandbox), for commands to layer their own on.
+	RunConfig protocol.RunConfig
+	// Gone is closed when this instance of the sandbox stops or dies, so
+	// relayed streams end instead of hanging on a dead peer.
+	Gone <-chan struct{}
 }
 
 // Dataplane resolves a dataplane request for sandbox id by the caller in
-// ctx: it checks visibility and returns the agent client (waking the
-// sandbox if needed) and the sandbox's effective run config.
-func (m *Manager) Dataplane(ctx context.Context, id string) (*agent.Client, protocol.RunConfig, error) {
+// ctx: it checks the caller may use the sandbox, wakes it if it is stopped,
+// and records activity.
+func (m *Manager) Dataplane(ctx context.Context, id string) (*Conn, error) {
 	p, err := principalOf(ctx)
 	if err != nil {
-		return nil, protocol.RunConfig{}, err
+		return nil, err
 	}
 	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
 	if err != nil {
-		return nil, protocol.RunConfig{}, err
+		return nil, err
 	}
 	if sb.WorkspaceID != p.WorkspaceID || !canSee(p, sb) {
-		return nil, protocol.RunConfig{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
-	c, sb, err := m.Agent(ctx, id)
-	if err != nil {
-		return nil, protocol.RunConfig{}, err
+	c, gone := m.instance(id)
+	if c == nil {
+		if err := m.wake(ctx, id, false); err != nil {
+			return nil, err
+		}
+		if c, gone = m.instance(id); c == nil {
+			return nil, fmt.Errorf("sandbox %s did not start: %w", sb.Name, errdefs.ErrNotReady)
+		}
+		if sb, err = m.cfg.Store.GetSandboxByID(ctx, id); err != nil {
+			return nil, err
+		}
 	}
+	m.touch(id)
 	sn, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
 	if err != nil {
-		return nil, protocol.RunConfig{}, err
+		return nil, err
 	}
-	return c, sn.RunConfig.Layer(sb.RunConfig), nil
+	return &Conn{Agent: c, RunConfig: sn.RunConfig.Layer(sb.RunConfig), Gone: gone}, nil
+}
+
+// StatusMessage returns sandbox id's status message ("" if unknown), for
+// errors that need to say why a sandbox went away.
+func (m *Manager) StatusMessage(ctx context.Context, id string) string {
+	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
+	if err != nil {
+		return ""
+	}
+	return sb.StatusMessage
 }

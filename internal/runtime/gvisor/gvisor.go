@@ -246,14 +246,15 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 }
 
 // destroy kills and deletes runsc's container id, tolerating an id runsc
-// does not know. The kill is best effort: delete --force kills the sandbox
-// anyway, the kill only makes processes die before their sandbox does.
+// does not know, then makes sure no process or cgroup of id survives. The
+// kill is best effort: delete --force kills the sandbox anyway, the kill
+// only makes processes die before their sandbox does.
 func (d *Driver) destroy(ctx context.Context, id string) error {
 	_, _ = d.run(ctx, "kill", "--all", id, "KILL")
 	if _, err := d.run(ctx, "delete", "--force", id); err != nil && !isNotExist(err) {
 		return err
 	}
-	return nil
+	return removeCgroups(id)
 }
 
 // containerState is the part of `runsc state`'s JSON the driver reads.
@@ -268,23 +269,33 @@ type containerState struct {
 // not running. A sandbox whose Sentry was killed (e.g. by the host OOM
 // killer) is reported stopped.
 func (d *Driver) Running(ctx context.Context, id string) (bool, error) {
+	pid, err := d.PID(ctx, id)
+	return pid > 0, err
+}
+
+// PID returns the Sentry's host pid while sandbox id is alive (running or
+// paused), else 0.
+func (d *Driver) PID(ctx context.Context, id string) (int, error) {
 	if !idPattern.MatchString(id) {
-		return false, fmt.Errorf("sandbox %q: malformed id: %w", id, errdefs.ErrInvalid)
+		return 0, fmt.Errorf("sandbox %q: malformed id: %w", id, errdefs.ErrInvalid)
 	}
 	out, err := d.run(ctx, "state", id)
 	if err != nil {
 		if isNotExist(err) {
-			return false, nil
+			return 0, nil
 		}
-		return false, fmt.Errorf("state of sandbox %s: %w", id, err)
+		return 0, fmt.Errorf("state of sandbox %s: %w", id, err)
 	}
 	var st containerState
 	if err := json.Unmarshal(out, &st); err != nil {
-		return false, fmt.Errorf("state of sandbox %s: decode %q: %w", id, out, err)
+		return 0, fmt.Errorf("state of sandbox %s: decode %q: %w", id, out, err)
 	}
 	// A paused sandbox (frozen for a snapshot) is alive too: recovery must
 	// adopt it, not discard it.
-	return st.Status == "running" || st.Status == "paused", nil
+	if st.Status != "running" && st.Status != "paused" {
+		return 0, nil
+	}
+	return st.Pid, nil
 }
 
 // validate checks what Start needs from spec before touching anything.

@@ -188,6 +188,25 @@ func (d *Driver) Running(ctx context.Context, id string) (bool, error) {
 	return alive(st), nil
 }
 
+// PID implements runtime.Driver: the sandbox's PID 1 as seen from the host
+// while it is alive, else 0.
+func (d *Driver) PID(ctx context.Context, id string) (int, error) {
+	if err := validID(id); err != nil {
+		return 0, err
+	}
+	st, err := d.readState(id)
+	if errdefs.IsNotFound(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	if !alive(st) {
+		return 0, nil
+	}
+	return st.PID, nil
+}
+
 // alive reports whether st's process exists, is not a zombie and is the one
 // that was started (same start time).
 func alive(st state) bool {

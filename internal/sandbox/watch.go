@@ -1,0 +1,63 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+
+	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"golang.org/x/sys/unix"
+)
+
+// watch notices when sandbox id dies on its own (its Sentry or PID 1 was
+// OOM-killed, crashed, or was killed from the host). It waits on a pidfd of
+// the driver's process, so it costs nothing while the sandbox lives and
+// fires at once when it goes. c is the agent client of the instance being
+// watched: a deliberate stop or restart replaces it first, which tells died
+// the exit was expected.
+func (m *Manager) watch(ctx context.Context, id string, c *agent.Client) {
+	pid, err := m.cfg.Driver.PID(ctx, runtimeID(id))
+	if err != nil || pid == 0 {
+		m.log.Warn("cannot watch sandbox process", "sandbox", id, "pid", pid, "err", err)
+		return
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		m.log.Warn("cannot watch sandbox process", "sandbox", id, "pid", pid, "err", err)
+		return
+	}
+	go func() {
+		defer unix.Close(fd)
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		for {
+			if _, err := unix.Poll(fds, -1); !errors.Is(err, unix.EINTR) {
+				break
+			}
+		}
+		m.died(context.WithoutCancel(ctx), id, c)
+	}()
+}
+
+// died records that the instance behind c exited unexpectedly: the sandbox
+// becomes stopped (files kept) with a message saying why, and the next
+// dataplane request or start boots it again.
+func (m *Manager) died(ctx context.Context, id string, c *agent.Client) {
+	unlock := m.lock(id)
+	defer unlock()
+	if cur, _ := m.instance(id); cur != c {
+		return // stopped, deleted or restarted on purpose
+	}
+	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
+	if err != nil || sb.Status != protocol.StatusReady {
+		return
+	}
+	msg := "sandbox exited unexpectedly; its files are kept and the next request starts it again"
+	if runtime.OOMKilled(runtimeID(id)) {
+		msg = "sandbox was killed for exceeding its memory limit (mem_bytes); its files are kept and the next request starts it again"
+	}
+	m.log.Warn("sandbox died", "sandbox", id, "name", sb.Name, "reason", msg)
+	if err := m.halt(ctx, sb, msg); err != nil {
+		m.log.Error("clean up dead sandbox", "sandbox", id, "err", err)
+	}
+}
