@@ -82,7 +82,7 @@ type Manager struct {
 	mu     sync.Mutex
 	locks  map[string]*sync.Mutex    // per sandbox id: serialises lifecycle transitions
 	agents map[string]*agent.Client  // per sandbox id, while running
-	gone   map[string]chan struct{}   // per sandbox id, closed when its instance goes
+	gone   map[string]chan struct{}  // per sandbox id, closed when its instance goes
 	active map[string]time.Time      // last activity per sandbox id
 	builds map[string]*buildProgress // per snapshot id, while building
 	bg     sync.WaitGroup
