@@ -1,0 +1,112 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+func openTest(t *testing.T, path string) *SQLite {
+	t.Helper()
+	st, err := OpenSQLite(context.Background(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// TestRecordsSurviveReopen checks records, their JSON fields and the
+// schema version persist across a close and reopen (a daemon restart).
+func TestRecordsSurviveReopen(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "c.db")
+	st := openTest(t, path)
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	if err := st.EnsureWorkspace(ctx, Workspace{ID: "w", Name: "w", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	sn := &Snapshot{ID: "s1", WorkspaceID: "w", CreatedBy: "u", Name: "snap", Status: protocol.SnapshotReady,
+		FSCapacityBytes: 1 << 30, Layers: []string{"/l/0", "/l/1"},
+		RunConfig: protocol.RunConfig{User: "app", EnvVars: map[string]string{"A": "1"}}, CreatedAt: now, UpdatedAt: now}
+	if err := st.CreateSnapshot(ctx, sn); err != nil {
+		t.Fatal(err)
+	}
+	sb := &Sandbox{ID: "b1", WorkspaceID: "w", CreatedBy: "u", Name: "box", Status: protocol.StatusReady, SnapshotID: "s1",
+		Runtime: "gvisor", VCPUs: 2, MemBytes: 1 << 30, Token: "tok", CreatedAt: now, UpdatedAt: now,
+		RunConfig: &protocol.RunConfig{WorkDir: "/w"}}
+	if err := st.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+
+	st = openTest(t, path)
+	gotSn, err := st.GetSnapshot(ctx, "w", "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gotSn.Layers) != 2 || gotSn.Layers[1] != "/l/1" || gotSn.RunConfig.User != "app" || gotSn.RunConfig.EnvVars["A"] != "1" {
+		t.Fatalf("snapshot after reopen: %+v", gotSn)
+	}
+	gotSb, err := st.GetSandbox(ctx, "w", "box")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotSb.ID != "b1" || gotSb.RunConfig == nil || gotSb.RunConfig.WorkDir != "/w" || gotSb.StoppedAt != nil || !gotSb.CreatedAt.Equal(now) {
+		t.Fatalf("sandbox after reopen: %+v", gotSb)
+	}
+	if n, _ := st.CountSandboxesUsingSnapshot(ctx, "s1"); n != 1 {
+		t.Fatalf("sandboxes using s1: %d", n)
+	}
+}
+
+// TestNamesAndScoping checks unique names per workspace, workspace scoping
+// and the typed errors the API maps to 404 and 409.
+func TestNamesAndScoping(t *testing.T) {
+	ctx := context.Background()
+	st := openTest(t, filepath.Join(t.TempDir(), "c.db"))
+	now := time.Now()
+	for _, w := range []string{"w1", "w2"} {
+		if err := st.EnsureWorkspace(ctx, Workspace{ID: w, Name: w, CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk := func(id, ws, name string) error {
+		return st.CreateSandbox(ctx, &Sandbox{ID: id, WorkspaceID: ws, CreatedBy: "u", Name: name, Status: protocol.StatusReady,
+			SnapshotID: "s", Runtime: "namespace", Token: "t", CreatedAt: now, UpdatedAt: now})
+	}
+	if err := mk("a", "w1", "same"); err != nil {
+		t.Fatal(err)
+	}
+	if err := mk("b", "w2", "same"); err != nil {
+		t.Fatalf("same name in another workspace: %v", err)
+	}
+	if err := mk("c", "w1", "same"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("duplicate name: %v, want ErrConflict", err)
+	}
+	if _, err := st.GetSandbox(ctx, "w2", "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("missing sandbox: %v, want ErrNotFound", err)
+	}
+	got, err := st.GetSandbox(ctx, "w2", "same")
+	if err != nil || got.ID != "b" {
+		t.Fatalf("workspace scoping: %+v %v", got, err)
+	}
+	list, err := st.ListSandboxes(ctx, "w1", ListOptions{NameContains: "am", Limit: 10})
+	if err != nil || len(list) != 1 || list[0].ID != "a" {
+		t.Fatalf("list w1: %v %v", list, err)
+	}
+	if err := st.PutAPIKey(ctx, APIKey{ID: "k", WorkspaceID: "w1", User: "u", Role: RoleAdmin, Hash: "h", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutAPIKey(ctx, APIKey{ID: "k2", WorkspaceID: "w1", User: "u", Role: RoleAdmin, Hash: "h", CreatedAt: now}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("duplicate key hash: %v", err)
+	}
+	if _, err := st.APIKeyByHash(ctx, "other"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("unknown key: %v", err)
+	}
+}
