@@ -23,6 +23,9 @@ func decode(r *http.Request, v any) error {
 	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
+			if te.Field == "" {
+				return fmt.Errorf("request body must be a JSON object: %w", errdefs.ErrInvalid)
+			}
 			return errdefs.Field(te.Field, "must be of type %s", te.Type)
 		}
 		return fmt.Errorf("decode request body: %v: %w", err, errdefs.ErrInvalid)
@@ -190,18 +193,40 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// stopSandbox stops a ready sandbox (spec B8) and answers 200 with the
+// Sandbox JSON. Stopping a stopped sandbox is a 200 no-op.
 func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.StopSandbox(r.Context(), r.PathValue("name")); err != nil {
+	sb, err := s.mgr.StopSandbox(r.Context(), r.PathValue("name"))
+	if err != nil {
 		writeError(r.Context(), w, err)
 		return
 	}
-	w.WriteHeader(http.StatusNoContent)
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
 }
 
+// startSandbox boots a stopped or failed sandbox (spec B7), blocking until
+// it is ready, and answers 200 with the Sandbox JSON. Starting a ready (or
+// provisioning) sandbox is a 200 no-op.
 func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.StartSandbox(r.Context(), r.PathValue("name")); err != nil {
+	sb, err := s.mgr.StartSandbox(r.Context(), r.PathValue("name"))
+	if err != nil {
 		writeError(r.Context(), w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": protocol.StatusReady})
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+}
+
+// updateSandbox applies a PATCH (spec B4) and answers the Sandbox JSON.
+func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
+	var req protocol.UpdateSandboxRequest
+	if err := decode(r, &req); err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	sb, err := s.mgr.UpdateSandbox(r.Context(), r.PathValue("name"), req)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
 }

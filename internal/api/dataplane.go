@@ -55,6 +55,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
+	defer conn.Release()
 	timeout := req.Timeout
 	if timeout <= 0 {
 		timeout = 60
@@ -97,6 +98,7 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
+	defer dp.Release()
 	conn, err := websocket.Accept(w, r, nil)
 	if err != nil {
 		return
@@ -128,19 +130,20 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return
 	}
-	relay(ctx, conn, up, dp.Gone)
+	relay(ctx, conn, up, dp.Gone, dp.Touch)
 }
 
 // relay copies frames both ways until one side closes, then closes the other
 // with the same status, so the client sees the agent's normal closure after
 // exit and the agent sees a client's disconnect. If the sandbox instance
 // goes (stopped or died), the client gets 1001 "going away", on which the
-// official client reconnects at once.
-func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}) {
+// official client reconnects at once. Every frame, either way, calls touch
+// (activity for the idle TTL).
+func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}, touch func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		err := pipe(ctx, up, client)
+		err := pipe(ctx, up, client, touch)
 		up.Close(closeStatus(err), "")
 		cancel()
 	}()
@@ -152,7 +155,7 @@ func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}
 		case <-ctx.Done():
 		}
 	}()
-	err := pipe(ctx, client, up)
+	err := pipe(ctx, client, up, touch)
 	client.Close(closeStatus(err), "")
 }
 
@@ -166,12 +169,13 @@ func isClosed(ch <-chan struct{}) bool {
 	}
 }
 
-func pipe(ctx context.Context, dst, src *websocket.Conn) error {
+func pipe(ctx context.Context, dst, src *websocket.Conn, touch func()) error {
 	for {
 		typ, data, err := src.Read(ctx)
 		if err != nil {
 			return err
 		}
+		touch()
 		if err := dst.Write(ctx, typ, data); err != nil {
 			return err
 		}
@@ -211,6 +215,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
+	defer dp.Release()
 	var body io.Reader = r.Body
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); strings.HasPrefix(mt, "multipart/") {
 		mr, err := r.MultipartReader()
@@ -254,6 +259,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
+	defer dp.Release()
 	hdr := http.Header{}
 	for _, k := range []string{"Range", "If-Range", "If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since"} {
 		if v := r.Header.Values(k); len(v) > 0 {

@@ -41,6 +41,8 @@ func writeError(ctx context.Context, w http.ResponseWriter, err error) {
 	switch {
 	case errors.As(err, &fe):
 		writeValidation(w, fe.Field, fe.Msg)
+	case errors.Is(err, sandbox.ErrInvalidRequest):
+		writeDetail(w, http.StatusBadRequest, "InvalidRequest", err.Error())
 	case errors.Is(err, errdefs.ErrInvalid):
 		writeValidation(w, "", err.Error())
 	case errors.Is(err, errdefs.ErrNotFound):

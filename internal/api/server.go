@@ -55,6 +55,7 @@ func New(mgr *sandbox.Manager, a *auth.Authenticator, images *image.Store, publi
 	s.handle("POST /dp/{id}/upload", s.upload)
 	s.handle("GET /dp/{id}/download", s.download)
 	s.handle("HEAD /dp/{id}/download", s.download)
+	s.registerProtocolRoutes()
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "runtime": mgr.Runtime()})
 	})

@@ -17,10 +17,12 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/registry"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/gvisor"
 	"github.com/cubicle-dev/cubicle/internal/runtime/namespace"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
+	"github.com/cubicle-dev/cubicle/internal/secrets"
 	"github.com/cubicle-dev/cubicle/internal/storage"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/spf13/cobra"
@@ -35,6 +37,8 @@ type serveFlags struct {
 	runsc              string
 	insecureRegistries []string
 	debug              bool
+	reapInterval       time.Duration
+	ttlGranularity     time.Duration
 }
 
 func newServeCmd() *cobra.Command {
@@ -57,7 +61,20 @@ func newServeCmd() *cobra.Command {
 	fl.StringVar(&f.runsc, "runsc", "", "path of runsc (default: next to cubicle, then PATH)")
 	fl.StringSliceVar(&f.insecureRegistries, "insecure-registry", nil, "HOST[:PORT] of a registry reached over plain HTTP (repeatable)")
 	fl.BoolVar(&f.debug, "debug", false, "log every request")
+	fl.DurationVar(&f.reapInterval, "reap-interval", envDuration("CUBICLE_REAP_INTERVAL", 10*time.Second),
+		"how often idle_ttl_seconds and delete_after_stop_seconds are enforced (env CUBICLE_REAP_INTERVAL)")
+	fl.DurationVar(&f.ttlGranularity, "ttl-granularity", envDuration("CUBICLE_TTL_GRANULARITY", time.Minute),
+		"unit TTLs must be multiples of; the protocol's is 1m, lower it only for tests (env CUBICLE_TTL_GRANULARITY)")
 	return cmd
+}
+
+// envDuration reads a flag default from the environment, so test harnesses
+// can set daemon knobs without changing its command line.
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil && d > 0 {
+		return d
+	}
+	return def
 }
 
 func serve(ctx context.Context, f serveFlags) error {
@@ -101,7 +118,13 @@ func serve(ctx context.Context, f serveFlags) error {
 	if self, err = filepath.EvalSymlinks(self); err != nil {
 		return fmt.Errorf("locate own binary for the agent: %w", err)
 	}
-	mgr := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log})
+	box, err := secrets.LoadOrCreate(filepath.Join(f.dataDir, "secrets.key"))
+	if err != nil {
+		return err
+	}
+	registries := registry.New(st, box)
+	mgr := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
+		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity})
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
@@ -113,7 +136,10 @@ func serve(ctx context.Context, f serveFlags) error {
 	if public == "" {
 		public = "http://" + ln.Addr().String()
 	}
-	srv := &http.Server{Handler: api.New(mgr, auth.New(st), images, public, log), ReadHeaderTimeout: 30 * time.Second}
+	handler := api.New(mgr, auth.New(st), images, public, log)
+	handler.EnableRegistries(registries)
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
+	go mgr.RunReaper(ctx)
 	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

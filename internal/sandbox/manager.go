@@ -38,6 +38,13 @@ type ImageSource interface {
 	Resolve(ctx context.Context, ref string, auth authn.Authenticator, progress func(image.Progress)) (*image.Image, error)
 }
 
+// Credentials supplies pull credentials for snapshots that name a
+// registry_id (internal/registry implements it). It returns a FieldError on
+// registry_id for an unknown registry or one that does not host ref.
+type Credentials interface {
+	PullAuth(ctx context.Context, workspaceID, registryID, ref string) (authn.Authenticator, error)
+}
+
 // Config holds the manager's dependencies and policy knobs.
 type Config struct {
 	Store   store.Store
@@ -49,6 +56,16 @@ type Config struct {
 	AgentBinary string
 	Limits      LimitPolicy
 	Logger      *slog.Logger
+	// Credentials resolves registry_id for snapshot builds; nil refuses
+	// every registry_id.
+	Credentials Credentials
+	// ReapInterval is how often idle and delete-after-stop TTLs are
+	// checked (default 10 s). TTLs fire within one interval of their due time.
+	ReapInterval time.Duration
+	// TTLGranularity is the unit idle_ttl_seconds and
+	// delete_after_stop_seconds must be a multiple of: 60 s, as the protocol
+	// says. Tests lower it (e.g. to 1 s) to exercise TTLs quickly.
+	TTLGranularity time.Duration
 }
 
 // LimitPolicy holds defaults and maxima for sandbox resources.
@@ -83,9 +100,11 @@ type Manager struct {
 	locks  map[string]*sync.Mutex    // per sandbox id: serialises lifecycle transitions
 	agents map[string]*agent.Client  // per sandbox id, while running
 	gone   map[string]chan struct{}  // per sandbox id, closed when its instance goes
-	active map[string]time.Time      // last activity per sandbox id
+	acts   map[string]*activity      // per sandbox id: idle-TTL bookkeeping (activity.go)
 	builds map[string]*buildProgress // per snapshot id, while building
 	bg     sync.WaitGroup
+
+	noActivityOnce sync.Once // warn once about agents without /v1/activity
 }
 
 // New returns a Manager. Call Recover once before serving.
@@ -96,13 +115,19 @@ func New(cfg Config) *Manager {
 	if cfg.Limits == (LimitPolicy{}) {
 		cfg.Limits = DefaultLimits
 	}
+	if cfg.ReapInterval <= 0 {
+		cfg.ReapInterval = 10 * time.Second
+	}
+	if cfg.TTLGranularity <= 0 {
+		cfg.TTLGranularity = time.Minute
+	}
 	return &Manager{
 		cfg:    cfg,
 		log:    cfg.Logger,
 		locks:  map[string]*sync.Mutex{},
 		agents: map[string]*agent.Client{},
 		gone:   map[string]chan struct{}{},
-		active: map[string]time.Time{},
+		acts:   map[string]*activity{},
 		builds: map[string]*buildProgress{},
 	}
 }
@@ -123,13 +148,6 @@ func (m *Manager) lock(id string) func() {
 	m.mu.Unlock()
 	l.Lock()
 	return l.Unlock
-}
-
-// touch records activity on a sandbox (API calls, exec, file transfer).
-func (m *Manager) touch(id string) {
-	m.mu.Lock()
-	m.active[id] = time.Now()
-	m.mu.Unlock()
 }
 
 // setAgent records the agent client of sandbox id's running instance, or

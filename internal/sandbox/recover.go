@@ -56,7 +56,7 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
 				if err == nil {
 					m.setAgent(sb.ID, c)
 					m.watch(ctx, sb.ID, c)
-					m.touch(sb.ID)
+					m.restoreActivity(sb) // neither reset nor zero the idle clock
 					log.Info("re-adopted running sandbox")
 					return
 				}

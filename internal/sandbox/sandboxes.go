@@ -26,7 +26,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 		return nil, err
 	}
 	lim := m.cfg.Limits
-	if err := validateSandboxRequest(req, lim); err != nil {
+	if err := validateSandboxRequest(req, lim, m.ttlUnit()); err != nil {
 		return nil, err
 	}
 	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
@@ -190,12 +190,19 @@ func (m *Manager) visible(ctx context.Context, name string) (*store.Sandbox, err
 		return nil, err
 	}
 	sb, err := m.cfg.Store.GetSandbox(ctx, p.WorkspaceID, name)
+	if errdefs.IsNotFound(err) && uuid.Validate(name) == nil {
+		// The OpenAPI docs let a sandbox be named by its id too.
+		if byID, ierr := m.cfg.Store.GetSandboxByID(ctx, name); ierr == nil && byID.WorkspaceID == p.WorkspaceID {
+			sb, err = byID, nil
+		}
+	}
 	if err != nil {
 		return nil, err
 	}
 	if !canSee(p, sb) {
 		return nil, fmt.Errorf("sandbox %s: %w", name, errdefs.ErrNotFound)
 	}
+	m.touch(sb.ID)
 	return sb, nil
 }
 
@@ -203,13 +210,10 @@ func canSee(p auth.Principal, sb *store.Sandbox) bool {
 	return p.IsAdmin() || sb.CreatedBy == p.User
 }
 
-// GetSandbox returns a sandbox by name.
+// GetSandbox returns a sandbox by name (or id). Like every call naming a
+// sandbox, it counts as activity.
 func (m *Manager) GetSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
-	sb, err := m.visible(ctx, name)
-	if err == nil {
-		m.touch(sb.ID)
-	}
-	return sb, err
+	return m.visible(ctx, name)
 }
 
 // ListSandboxes lists the sandboxes the caller may see.
@@ -231,21 +235,29 @@ func (m *Manager) ListSandboxes(ctx context.Context, o store.ListOptions) ([]*st
 	return out, nil
 }
 
-// StopSandbox stops a ready sandbox, keeping its filesystem.
-func (m *Manager) StopSandbox(ctx context.Context, name string) error {
+// StopSandbox stops a ready sandbox, keeping its filesystem, and returns
+// the stopped record. Stopping a stopped sandbox is a no-op (the official
+// client marks the sandbox stopped locally whatever it gets back, so
+// idempotence is what it expects); stopping one that is provisioning or
+// failed is a conflict.
+func (m *Manager) StopSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
 	sb, err := m.visible(ctx, name)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	unlock := m.lock(sb.ID)
 	defer unlock()
 	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
-		return err
+		return nil, err
 	}
-	if sb.Status != protocol.StatusReady {
-		return fmt.Errorf("sandbox %s is %s, not ready: %w", name, sb.Status, errdefs.ErrConflict)
+	switch sb.Status {
+	case protocol.StatusStopped:
+		return sb, nil
+	case protocol.StatusReady:
+		return sb, m.halt(ctx, sb, "")
+	default:
+		return nil, fmt.Errorf("sandbox %s is %s and cannot be stopped: %w", name, sb.Status, errdefs.ErrConflict)
 	}
-	return m.halt(ctx, sb, "")
 }
 
 // halt stops sb's processes and network, unmounts its rootfs and records it
@@ -267,32 +279,45 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) error
 	return m.cfg.Store.UpdateSandbox(ctx, sb)
 }
 
-// StartSandbox boots a stopped (or failed-to-start) sandbox on its existing
-// filesystem and waits until it is ready.
-func (m *Manager) StartSandbox(ctx context.Context, name string) error {
+// StartSandbox boots a stopped sandbox on its existing filesystem (or a
+// failed one afresh from its snapshot), waits until it is ready and
+// returns the record. Starting a ready sandbox is a no-op, and so is
+// starting one still provisioning: the official client's start() polls the
+// status afterwards, so a 409 there would break sandbox.start() on a box
+// that is simply already up.
+func (m *Manager) StartSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
 	sb, err := m.visible(ctx, name)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return m.wake(ctx, sb.ID, true)
+	if err := m.wake(ctx, sb.ID, true); err != nil {
+		return nil, err
+	}
+	return m.cfg.Store.GetSandboxByID(ctx, sb.ID)
 }
 
-// wake boots sandbox id if it is stopped. With strict, a sandbox that is
-// not stopped is a conflict; otherwise a ready sandbox is fine.
-func (m *Manager) wake(ctx context.Context, id string, strict bool) error {
+// wake boots sandbox id if it is stopped. explicit (a start request) also
+// reboots a failed sandbox and accepts a provisioning one; a dataplane
+// wake-up reports those as not ready.
+func (m *Manager) wake(ctx context.Context, id string, explicit bool) error {
 	unlock := m.lock(id)
 	defer unlock()
 	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
 	if err != nil {
 		return err
 	}
-	switch sb.Status {
-	case protocol.StatusStopped:
-	case protocol.StatusReady:
-		if !strict {
-			return nil
+	switch {
+	case sb.Status == protocol.StatusReady:
+		return nil
+	case sb.Status == protocol.StatusStopped:
+	case explicit && sb.Status == protocol.StatusProvisioning:
+		return nil
+	case explicit && sb.Status == protocol.StatusFailed:
+		// Its first boot failed: boot it again as a first boot.
+		sb.Status, sb.StatusMessage, sb.UpdatedAt = protocol.StatusProvisioning, "", time.Now().UTC()
+		if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
+			return err
 		}
-		return fmt.Errorf("sandbox %s is already running: %w", sb.Name, errdefs.ErrConflict)
 	default:
 		return fmt.Errorf("sandbox %s is %s: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
 	}
@@ -328,7 +353,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	m.mu.Lock()
-	delete(m.active, sb.ID)
+	delete(m.acts, sb.ID)
 	delete(m.locks, sb.ID)
 	m.mu.Unlock()
 	return nil
@@ -344,12 +369,23 @@ type Conn struct {
 	// Gone is closed when this instance of the sandbox stops or dies, so
 	// relayed streams end instead of hanging on a dead peer.
 	Gone <-chan struct{}
+
+	id      string
+	m       *Manager
+	release func()
 }
+
+// Touch records activity (an exec frame, a chunk of a transfer).
+func (c *Conn) Touch() { c.m.touch(c.id) }
+
+// Release ends the request or stream: until then the sandbox counts as
+// active. Safe to call more than once.
+func (c *Conn) Release() { c.release() }
 
 // Dataplane resolves a dataplane request for sandbox id by the caller in
 // ctx: it checks the caller may use the sandbox, wakes it if it is stopped,
-// and records activity.
-func (m *Manager) Dataplane(ctx context.Context, id string) (*Conn, error) {
+// and marks it active until the caller calls Conn.Release.
+func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error) {
 	p, err := principalOf(ctx)
 	if err != nil {
 		return nil, err
@@ -361,6 +397,14 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (*Conn, error) {
 	if sb.WorkspaceID != p.WorkspaceID || !canSee(p, sb) {
 		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
+	// Mark the sandbox busy before looking up its instance, so the idle
+	// reaper cannot stop it between the lookup and the request's use.
+	release := m.acquire(id)
+	defer func() {
+		if err != nil {
+			release()
+		}
+	}()
 	c, gone := m.instance(id)
 	if c == nil {
 		if err := m.wake(ctx, id, false); err != nil {
@@ -373,12 +417,11 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (*Conn, error) {
 			return nil, err
 		}
 	}
-	m.touch(id)
 	sn, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{Agent: c, RunConfig: sn.RunConfig.Layer(sb.RunConfig), Gone: gone}, nil
+	return &Conn{Agent: c, RunConfig: sn.RunConfig.Layer(sb.RunConfig), Gone: gone, id: id, m: m, release: release}, nil
 }
 
 // StatusMessage returns sandbox id's status message ("" if unknown), for

@@ -11,6 +11,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/uuid"
 )
 
@@ -34,6 +35,13 @@ func (m *Manager) CreateSnapshot(ctx context.Context, req protocol.CreateSnapsho
 	}
 	if err := validateSnapshotRequest(req, m.cfg.Limits); err != nil {
 		return nil, err
+	}
+	if req.RegistryID != "" {
+		// Check the registry now, so a bad registry_id is a 422 rather
+		// than a snapshot that fails a moment later.
+		if _, err := m.pullAuth(ctx, p.WorkspaceID, req.RegistryID, req.DockerImage); err != nil {
+			return nil, err
+		}
 	}
 	now := time.Now().UTC()
 	sn := &store.Snapshot{
@@ -67,10 +75,18 @@ func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *p
 		delete(m.builds, sn.ID)
 		m.mu.Unlock()
 	}()
-	img, err := m.cfg.Images.Resolve(ctx, sn.DockerImage, nil, func(pr image.Progress) {
-		bp.total.Store(pr.Total)
-		bp.done.Store(pr.Complete)
-	})
+	var img *image.Image
+	var err error
+	var cred authn.Authenticator
+	if sn.RegistryID != "" {
+		cred, err = m.pullAuth(ctx, sn.WorkspaceID, sn.RegistryID, sn.DockerImage)
+	}
+	if err == nil {
+		img, err = m.cfg.Images.Resolve(ctx, sn.DockerImage, cred, func(pr image.Progress) {
+			bp.total.Store(pr.Total)
+			bp.done.Store(pr.Complete)
+		})
+	}
 	sn.UpdatedAt = time.Now().UTC()
 	if err != nil {
 		sn.Status, sn.StatusMessage = protocol.SnapshotFailed, fmt.Sprintf("pull image %q: %v", sn.DockerImage, err)
@@ -82,6 +98,14 @@ func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *p
 	if err := m.cfg.Store.UpdateSnapshot(ctx, sn); err != nil {
 		m.log.Error("record snapshot build result", "snapshot", sn.ID, "err", err)
 	}
+}
+
+// pullAuth returns the credentials of registry id for pulling ref.
+func (m *Manager) pullAuth(ctx context.Context, workspaceID, id, ref string) (authn.Authenticator, error) {
+	if m.cfg.Credentials == nil {
+		return nil, errdefs.Field("registry_id", "this server has no registry credentials configured")
+	}
+	return m.cfg.Credentials.PullAuth(ctx, workspaceID, id, ref)
 }
 
 func (m *Manager) view(sn *store.Snapshot) *SnapshotView {

@@ -1,6 +1,8 @@
 package sandbox
 
 import (
+	"bytes"
+	"encoding/json"
 	"path"
 	"regexp"
 
@@ -37,11 +39,31 @@ func validateRunConfig(field string, rc *protocol.RunConfig) error {
 	return nil
 }
 
-func validateTTL(field string, v *int64) error {
-	if v != nil && (*v < 0 || *v%60 != 0) {
-		return errdefs.Field(field, "must be 0 or a positive multiple of 60")
+// maxTTLSeconds bounds both TTLs (one year), so they fit any duration math.
+const maxTTLSeconds = 365 * 24 * 3600
+
+// validateTTL checks a TTL is 0 (off) or a positive multiple of unit
+// seconds (60, as the protocol says, unless the daemon runs with a finer
+// --ttl-granularity for tests).
+func validateTTL(field string, v *int64, unit int64) error {
+	if v == nil {
+		return nil
+	}
+	if *v < 0 || *v%unit != 0 {
+		return errdefs.Field(field, "must be 0 or a positive multiple of %d", unit)
+	}
+	if *v > maxTTLSeconds {
+		return errdefs.Field(field, "must be at most %d", maxTTLSeconds)
 	}
 	return nil
+}
+
+// ttlUnit is the TTL granularity in whole seconds (at least 1).
+func (m *Manager) ttlUnit() int64 {
+	if u := int64(m.cfg.TTLGranularity / 1e9); u > 1 {
+		return u
+	}
+	return 1
 }
 
 func validateSize(field string, v *int64, max int64) error {
@@ -71,7 +93,7 @@ func validateSnapshotRequest(req protocol.CreateSnapshotRequest, lim LimitPolicy
 	return validateRunConfig("run_config", req.RunConfig)
 }
 
-func validateSandboxRequest(req protocol.CreateSandboxRequest, lim LimitPolicy) error {
+func validateSandboxRequest(req protocol.CreateSandboxRequest, lim LimitPolicy, ttlUnit int64) error {
 	if req.Name != "" {
 		if err := validateName("name", req.Name); err != nil {
 			return err
@@ -99,11 +121,71 @@ func validateSandboxRequest(req protocol.CreateSandboxRequest, lim LimitPolicy) 
 	if req.MemBytes != nil && *req.MemBytes < 16<<20 {
 		return errdefs.Field("mem_bytes", "must be at least 16 MiB")
 	}
-	if err := validateTTL("idle_ttl_seconds", req.IdleTTLSeconds); err != nil {
+	if err := validateTTL("idle_ttl_seconds", req.IdleTTLSeconds, ttlUnit); err != nil {
 		return err
 	}
-	if err := validateTTL("delete_after_stop_seconds", req.DeleteAfterStopSeconds); err != nil {
+	if err := validateTTL("delete_after_stop_seconds", req.DeleteAfterStopSeconds, ttlUnit); err != nil {
 		return err
 	}
 	return validateRunConfig("run_config", req.RunConfig)
+}
+
+// validateUpdateRequest checks a PATCH body's fields (not the sandbox's
+// state, which the manager checks under the sandbox's lock).
+func validateUpdateRequest(req protocol.UpdateSandboxRequest, ttlUnit int64) error {
+	if req.Name != nil {
+		if err := validateName("name", *req.Name); err != nil {
+			return err
+		}
+	}
+	if err := validateTTL("idle_ttl_seconds", req.IdleTTLSeconds, ttlUnit); err != nil {
+		return err
+	}
+	if err := validateTTL("delete_after_stop_seconds", req.DeleteAfterStopSeconds, ttlUnit); err != nil {
+		return err
+	}
+	if err := validateRunConfig("run_config", req.RunConfig); err != nil {
+		return err
+	}
+	return validateProxyConfig(req.ProxyConfig)
+}
+
+// proxyConfigShape is the part of ProxyConfig (spec §4.4) checked here;
+// enforcement (and a full schema) belongs to the network layer.
+type proxyConfigShape struct {
+	Rules         []json.RawMessage `json:"rules"`
+	AccessControl *struct {
+		AllowList []string `json:"allow_list"`
+		DenyList  []string `json:"deny_list"`
+	} `json:"access_control"`
+	NoProxy []string `json:"no_proxy"`
+}
+
+// maxProxyConfig bounds a stored proxy config.
+const maxProxyConfig = 256 << 10
+
+func validateProxyConfig(raw json.RawMessage) error {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	if len(raw) > maxProxyConfig {
+		return errdefs.Field("proxy_config", "must be at most %d bytes", maxProxyConfig)
+	}
+	if raw[0] != '{' {
+		return errdefs.Field("proxy_config", "must be an object")
+	}
+	var pc proxyConfigShape
+	if err := json.Unmarshal(raw, &pc); err != nil {
+		return errdefs.Field("proxy_config", "invalid: %v", err)
+	}
+	for i, r := range pc.Rules {
+		if r = bytes.TrimSpace(r); len(r) == 0 || r[0] != '{' {
+			return errdefs.Field("proxy_config.rules", "rule %d must be an object", i)
+		}
+	}
+	if ac := pc.AccessControl; ac != nil && ac.AllowList != nil && ac.DenyList != nil {
+		return errdefs.Field("proxy_config.access_control", "give allow_list or deny_list, not both")
+	}
+	return nil
 }

@@ -78,6 +78,22 @@ var migrations = []string{
 		UNIQUE(workspace_id, name)
 	);
 	CREATE INDEX sandboxes_snapshot ON sandboxes(snapshot_id);`,
+	// 2: PATCH-able proxy config, persisted idle-TTL activity, registries.
+	`ALTER TABLE sandboxes ADD COLUMN proxy_config TEXT;
+	ALTER TABLE sandboxes ADD COLUMN last_active_at TEXT;
+	CREATE TABLE registries (
+		id TEXT PRIMARY KEY,
+		workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+		name TEXT NOT NULL,
+		url TEXT NOT NULL,
+		username TEXT NOT NULL,
+		sealed_password BLOB NOT NULL,
+		created_at TEXT NOT NULL,
+		created_by TEXT NOT NULL,
+		updated_at TEXT NOT NULL,
+		updated_by TEXT NOT NULL,
+		UNIQUE(workspace_id, name)
+	);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -127,6 +143,12 @@ func (s *SQLite) Close() error { return s.db.Close() }
 const timeFmt = time.RFC3339Nano
 
 func fmtTime(t time.Time) string { return t.UTC().Format(timeFmt) }
+
+// fixedTimeFmt is RFC 3339 with all nine fraction digits, so that stored
+// values order correctly as strings (used where SQL compares times).
+const fixedTimeFmt = "2006-01-02T15:04:05.000000000Z07:00"
+
+func fmtFixedTime(t time.Time) string { return t.UTC().Format(fixedTimeFmt) }
 
 func parseTime(v string) time.Time {
 	t, _ := time.Parse(timeFmt, v)
@@ -309,7 +331,7 @@ func (s *SQLite) DeleteSnapshot(ctx context.Context, workspaceID, id string) err
 	return nil
 }
 
-const sandboxCols = `id, workspace_id, created_by, name, status, status_message, snapshot_id, runtime, vcpus, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, run_config, token, created_at, updated_at, stopped_at`
+const sandboxCols = `id, workspace_id, created_by, name, status, status_message, snapshot_id, runtime, vcpus, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, run_config, token, created_at, updated_at, stopped_at, proxy_config, last_active_at`
 
 func nullRunConfig(rc *protocol.RunConfig) any {
 	if rc == nil {
@@ -317,6 +339,20 @@ func nullRunConfig(rc *protocol.RunConfig) any {
 	}
 	b, _ := json.Marshal(rc)
 	return string(b)
+}
+
+func nullJSON(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return string(b)
+}
+
+func nullFixedTime(t *time.Time) any {
+	if t == nil {
+		return nil
+	}
+	return fmtFixedTime(*t)
 }
 
 func nullTime(t *time.Time) any {
@@ -328,10 +364,11 @@ func nullTime(t *time.Time) any {
 
 // CreateSandbox inserts a sandbox record; a name clash wraps ErrConflict.
 func (s *SQLite) CreateSandbox(ctx context.Context, sb *Sandbox) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.WorkspaceID, sb.CreatedBy, sb.Name, sb.Status, sb.StatusMessage, sb.SnapshotID, sb.Runtime,
 		sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds,
-		nullRunConfig(sb.RunConfig), sb.Token, fmtTime(sb.CreatedAt), fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt))
+		nullRunConfig(sb.RunConfig), sb.Token, fmtTime(sb.CreatedAt), fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt),
+		nullJSON(sb.ProxyConfig), nullFixedTime(sb.LastActiveAt))
 	if isUnique(err) {
 		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
 	}
@@ -341,12 +378,14 @@ func (s *SQLite) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 	return nil
 }
 
-// UpdateSandbox rewrites the mutable fields of a sandbox record.
+// UpdateSandbox rewrites the mutable fields of a sandbox record, except
+// LastActiveAt, which only SetSandboxActivity writes (so a record read
+// before some activity cannot roll it back).
 func (s *SQLite) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET name=?, status=?, status_message=?, idle_ttl_seconds=?,
-		delete_after_stop_seconds=?, run_config=?, updated_at=?, stopped_at=? WHERE id=?`,
+		delete_after_stop_seconds=?, run_config=?, updated_at=?, stopped_at=?, proxy_config=? WHERE id=?`,
 		sb.Name, sb.Status, sb.StatusMessage, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds, nullRunConfig(sb.RunConfig),
-		fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt), sb.ID)
+		fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt), nullJSON(sb.ProxyConfig), sb.ID)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
 	}
@@ -361,12 +400,19 @@ func (s *SQLite) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 
 func scanSandbox(row scanner) (*Sandbox, error) {
 	var sb Sandbox
-	var rc, stopped sql.NullString
+	var rc, stopped, proxy, active sql.NullString
 	var created, updated string
 	if err := row.Scan(&sb.ID, &sb.WorkspaceID, &sb.CreatedBy, &sb.Name, &sb.Status, &sb.StatusMessage, &sb.SnapshotID,
 		&sb.Runtime, &sb.VCPUs, &sb.MemBytes, &sb.FSCapacityBytes, &sb.IdleTTLSeconds, &sb.DeleteAfterStopSeconds,
-		&rc, &sb.Token, &created, &updated, &stopped); err != nil {
+		&rc, &sb.Token, &created, &updated, &stopped, &proxy, &active); err != nil {
 		return nil, err
+	}
+	if proxy.Valid {
+		sb.ProxyConfig = []byte(proxy.String)
+	}
+	if active.Valid {
+		t := parseTime(active.String)
+		sb.LastActiveAt = &t
 	}
 	if rc.Valid {
 		sb.RunConfig = &protocol.RunConfig{}
@@ -438,6 +484,17 @@ func (s *SQLite) CountSandboxesUsingSnapshot(ctx context.Context, id string) (in
 		return 0, fmt.Errorf("count sandboxes of snapshot %s: %w", id, err)
 	}
 	return n, nil
+}
+
+// SetSandboxActivity records when sandbox id was last active. It never
+// moves the time backwards.
+func (s *SQLite) SetSandboxActivity(ctx context.Context, id string, at time.Time) error {
+	_, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET last_active_at=? WHERE id=? AND (last_active_at IS NULL OR last_active_at < ?)`,
+		fmtFixedTime(at), id, fmtFixedTime(at))
+	if err != nil {
+		return fmt.Errorf("record activity of sandbox %s: %w", id, err)
+	}
+	return nil
 }
 
 // DeleteSandbox removes a sandbox record.

@@ -80,6 +80,28 @@ type Sandbox struct {
 	CreatedAt time.Time
 	UpdatedAt time.Time
 	StoppedAt *time.Time
+	// ProxyConfig is the sandbox's egress proxy config as sent (raw JSON),
+	// or nil.
+	ProxyConfig []byte
+	// LastActiveAt is the last persisted activity (see the manager's idle
+	// reaper); it lags the live value by at most one reap interval.
+	LastActiveAt *time.Time
+}
+
+// Registry holds a workspace's pull credentials for one image registry.
+// SealedPassword is the password encrypted by internal/secrets; the
+// plaintext is never stored.
+type Registry struct {
+	ID             string
+	WorkspaceID    string
+	Name           string
+	URL            string
+	Username       string
+	SealedPassword []byte
+	CreatedAt      time.Time
+	CreatedBy      string
+	UpdatedAt      time.Time
+	UpdatedBy      string
 }
 
 // ListOptions filter and page list queries.
@@ -117,6 +139,15 @@ type Store interface {
 	// CountSandboxesUsingSnapshot counts sandboxes created from snapshot id.
 	CountSandboxesUsingSnapshot(ctx context.Context, id string) (int, error)
 	DeleteSandbox(ctx context.Context, id string) error
+	// SetSandboxActivity persists a sandbox's last activity (never backwards).
+	SetSandboxActivity(ctx context.Context, id string, at time.Time) error
+
+	CreateRegistry(ctx context.Context, r *Registry) error
+	UpdateRegistry(ctx context.Context, r *Registry) error
+	GetRegistry(ctx context.Context, workspaceID, name string) (*Registry, error)
+	GetRegistryByID(ctx context.Context, workspaceID, id string) (*Registry, error)
+	ListRegistries(ctx context.Context, workspaceID string, o ListOptions) ([]*Registry, error)
+	DeleteRegistry(ctx context.Context, workspaceID, id string) error
 
 	Close() error
 }

@@ -4,7 +4,10 @@
 // types, so there is exactly one definition of the contract.
 package protocol
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // Sandbox statuses (spec §8). A sandbox moves provisioning → ready ⇄ stopped,
 // or provisioning → failed.
@@ -125,6 +128,78 @@ type CreateSandboxRequest struct {
 	MemBytes               *int64     `json:"mem_bytes,omitempty"`
 	FSCapacityBytes        *int64     `json:"fs_capacity_bytes,omitempty"`
 	RunConfig              *RunConfig `json:"run_config,omitempty"`
+}
+
+// UpdateSandboxRequest is the body of PATCH /boxes/{name} (spec B4). Every
+// field is optional; an absent field is left unchanged, and a body with none
+// set reads the sandbox like GET.
+type UpdateSandboxRequest struct {
+	Name                   *string    `json:"name,omitempty"`
+	IdleTTLSeconds         *int64     `json:"idle_ttl_seconds,omitempty"`
+	DeleteAfterStopSeconds *int64     `json:"delete_after_stop_seconds,omitempty"`
+	RunConfig              *RunConfig `json:"run_config,omitempty"`
+	// ProxyConfig is kept as raw JSON (spec §4.4); it replaces the stored
+	// one and may only be changed while the sandbox is ready.
+	ProxyConfig json.RawMessage `json:"proxy_config,omitempty"`
+}
+
+// Empty reports whether the request changes nothing.
+func (r UpdateSandboxRequest) Empty() bool {
+	return r.Name == nil && r.IdleTTLSeconds == nil && r.DeleteAfterStopSeconds == nil &&
+		r.RunConfig == nil && (len(r.ProxyConfig) == 0 || string(r.ProxyConfig) == "null")
+}
+
+// Registry holds private image pull credentials of a workspace (spec §3.4).
+// The password is write-only: it is never returned.
+type Registry struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	URL       string    `json:"url"`
+	CreatedAt time.Time `json:"created_at"`
+	CreatedBy string    `json:"created_by"`
+	UpdatedAt time.Time `json:"updated_at"`
+	UpdatedBy string    `json:"updated_by"`
+}
+
+// CreateRegistryRequest is the body of POST /registries (spec R1).
+type CreateRegistryRequest struct {
+	Name     string `json:"name"`
+	URL      string `json:"url"`
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// UpdateRegistryRequest is the body of PATCH /registries/{name} (spec R4);
+// absent fields are left unchanged.
+type UpdateRegistryRequest struct {
+	Name     *string `json:"name,omitempty"`
+	URL      *string `json:"url,omitempty"`
+	Username *string `json:"username,omitempty"`
+	Password *string `json:"password,omitempty"`
+}
+
+// RegistryList is the body of GET /registries (spec R2).
+type RegistryList struct {
+	Registries []Registry `json:"registries"`
+	Items      []Registry `json:"items"`
+	Offset     int        `json:"offset"`
+	NextCursor *string    `json:"next_cursor"`
+}
+
+// GlobRequest is the body of POST {dataplane}/glob (spec D7).
+type GlobRequest struct {
+	Pattern string `json:"pattern"`
+	Path    string `json:"path"`
+	Limit   int    `json:"limit,omitempty"`
+}
+
+// GrepRequest is the body of POST {dataplane}/grep (spec D8). Pattern is a
+// literal string, not a regular expression.
+type GrepRequest struct {
+	Pattern string `json:"pattern"`
+	Path    string `json:"path"`
+	Glob    string `json:"glob,omitempty"`
+	Limit   int    `json:"limit,omitempty"`
 }
 
 // SandboxList is the body of GET /boxes.

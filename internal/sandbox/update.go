@@ -1,0 +1,65 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// ErrInvalidRequest marks a request the sandbox's current state cannot
+// take, where the protocol wants 400 InvalidRequest rather than a 409 —
+// today only a proxy_config update of a sandbox that is not ready (the
+// official client maps it to LangSmithSandboxNotReadyError).
+var ErrInvalidRequest = errors.New("invalid request")
+
+// UpdateSandbox applies a PATCH (spec B4): rename (a clash is ErrConflict),
+// TTLs, the sandbox's own run_config layer (replaced, it applies to the
+// next command) and proxy_config (stored as sent; only while ready). A
+// request that sets nothing returns the sandbox unchanged, like GET.
+func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.UpdateSandboxRequest) (*store.Sandbox, error) {
+	sb, err := m.visible(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if req.Empty() {
+		return sb, nil
+	}
+	if err := validateUpdateRequest(req, m.ttlUnit()); err != nil {
+		return nil, err
+	}
+	unlock := m.lock(sb.ID)
+	defer unlock()
+	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
+		return nil, err
+	}
+	proxy := bytes.TrimSpace(req.ProxyConfig)
+	if len(proxy) > 0 && string(proxy) != "null" {
+		if sb.Status != protocol.StatusReady {
+			return nil, fmt.Errorf("sandbox %s is %s; proxy_config can only be changed while it is ready: %w", sb.Name, sb.Status, ErrInvalidRequest)
+		}
+		sb.ProxyConfig = append([]byte(nil), proxy...)
+	}
+	if req.Name != nil {
+		sb.Name = *req.Name
+	}
+	if req.IdleTTLSeconds != nil {
+		sb.IdleTTLSeconds = *req.IdleTTLSeconds
+	}
+	if req.DeleteAfterStopSeconds != nil {
+		sb.DeleteAfterStopSeconds = *req.DeleteAfterStopSeconds
+	}
+	if req.RunConfig != nil {
+		rc := *req.RunConfig
+		sb.RunConfig = &rc
+	}
+	sb.UpdatedAt = time.Now().UTC()
+	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
