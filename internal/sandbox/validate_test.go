@@ -1,0 +1,70 @@
+package sandbox
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+func i64(v int64) *int64 { return &v }
+
+func fieldOf(err error) string {
+	var fe *errdefs.FieldError
+	if errors.As(err, &fe) {
+		return fe.Field
+	}
+	return ""
+}
+
+func TestTTLValidationFollowsGranularity(t *testing.T) {
+	for _, c := range []struct {
+		v     int64
+		unit  int64
+		valid bool
+	}{
+		{0, 60, true}, {60, 60, true}, {1200, 60, true}, {61, 60, false}, {30, 60, false}, {-60, 60, false},
+		{1, 1, true}, {7, 1, true}, {-1, 1, false}, {maxTTLSeconds + 60, 60, false},
+	} {
+		err := validateTTL("idle_ttl_seconds", i64(c.v), c.unit)
+		if (err == nil) != c.valid || (err != nil && fieldOf(err) != "idle_ttl_seconds") {
+			t.Errorf("ttl %d unit %d: %v, valid=%v", c.v, c.unit, err, c.valid)
+		}
+	}
+	m := New(Config{TTLGranularity: time.Second})
+	if m.ttlUnit() != 1 {
+		t.Fatalf("1s granularity gives unit %d", m.ttlUnit())
+	}
+	if New(Config{}).ttlUnit() != 60 {
+		t.Fatal("default TTL unit is not 60")
+	}
+}
+
+func TestValidateUpdateRequest(t *testing.T) {
+	name, bad := "new-name", "bad name"
+	for _, c := range []struct {
+		req   protocol.UpdateSandboxRequest
+		field string
+	}{
+		{protocol.UpdateSandboxRequest{Name: &name, IdleTTLSeconds: i64(120)}, ""},
+		{protocol.UpdateSandboxRequest{Name: &bad}, "name"},
+		{protocol.UpdateSandboxRequest{DeleteAfterStopSeconds: i64(90)}, "delete_after_stop_seconds"},
+		{protocol.UpdateSandboxRequest{RunConfig: &protocol.RunConfig{WorkDir: "x"}}, "run_config.work_dir"},
+		{protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage(`{"access_control":{"allow_list":["a.com"]}}`)}, ""},
+		{protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage(`[1]`)}, "proxy_config"},
+		{protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage(`{"rules":[1]}`)}, "proxy_config.rules"},
+		{protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage(`{"rules":{}}`)}, "proxy_config"},
+		{protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage(`{"access_control":{"allow_list":[],"deny_list":[]}}`)}, "proxy_config.access_control"},
+	} {
+		err := validateUpdateRequest(c.req, 60)
+		if got := fieldOf(err); got != c.field || (c.field == "" && err != nil) {
+			t.Errorf("%+v: error %v (field %q), want field %q", c.req, err, got, c.field)
+		}
+	}
+	if !(protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage("null")}).Empty() {
+		t.Error("a null proxy_config alone should be an empty update")
+	}
+}

@@ -1,0 +1,30 @@
+package protocol
+
+import (
+	"reflect"
+	"testing"
+)
+
+// TestLayerOrder checks spec §4.3: user and work_dir replace the layer
+// below when set, env_vars merge key by key, and nil changes nothing.
+func TestLayerOrder(t *testing.T) {
+	image := RunConfig{User: "root", WorkDir: "/", EnvVars: map[string]string{"PATH": "/bin", "LAYER": "image"}}
+	snapshot := &RunConfig{WorkDir: "/srv", EnvVars: map[string]string{"LAYER": "snapshot", "S": "1"}}
+	sandbox := &RunConfig{User: "app", EnvVars: map[string]string{"LAYER": "sandbox"}}
+	command := &RunConfig{User: "0", EnvVars: map[string]string{"C": "1"}}
+	got := image.Layer(snapshot).Layer(sandbox).Layer(command)
+	want := RunConfig{User: "0", WorkDir: "/srv", EnvVars: map[string]string{"PATH": "/bin", "LAYER": "sandbox", "S": "1", "C": "1"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("layered %+v, want %+v", got, want)
+	}
+	if mid := image.Layer(snapshot).Layer(sandbox); mid.User != "app" || mid.WorkDir != "/srv" {
+		t.Fatalf("sandbox layer %+v", mid)
+	}
+	if same := image.Layer(nil); !reflect.DeepEqual(same, image) {
+		t.Fatalf("nil layer changed %+v into %+v", image, same)
+	}
+	image.Layer(command).EnvVars["X"] = "y"
+	if _, leaked := image.EnvVars["X"]; leaked {
+		t.Fatal("Layer returned a map shared with its receiver")
+	}
+}
