@@ -28,7 +28,7 @@ func TestActivityPersistsAndNeverMovesBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	t1 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) // whole second: "…05Z" in RFC 3339
-	t0 := t1.Add(-500 * time.Millisecond)            // "…04.5Z": sorts after "…05Z" as a plain RFC 3339 string
+	t0 := t1.Add(-500 * time.Millisecond)             // "…04.5Z": sorts after "…05Z" as a plain RFC 3339 string
 	if err := st.SetSandboxActivity(ctx, "b1", t1); err != nil {
 		t.Fatal(err)
 	}
