@@ -39,7 +39,7 @@ func (s *Server) snapshotJSON(v *sandbox.SnapshotView) protocol.Snapshot {
 	return protocol.Snapshot{
 		ID: sn.ID, Name: sn.Name, Status: sn.Status, StatusMessage: sn.StatusMessage,
 		FSCapacityBytes: sn.FSCapacityBytes, DockerImage: sn.DockerImage, ImageDigest: sn.ImageDigest,
-		RegistryID: sn.RegistryID, CreatedBy: sn.CreatedBy, RunConfig: &rc,
+		RegistryID: sn.RegistryID, CreatedBy: sn.CreatedBy, RunConfig: &rc, SourceSandboxID: sn.SourceSandboxID,
 		CreatedAt: sn.CreatedAt, UpdatedAt: sn.UpdatedAt,
 		PullBytesTotal: v.PullBytesTotal, PullBytesDone: v.PullBytesDone,
 	}
@@ -97,7 +97,9 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.snapshotJSON(v))
+	out := s.snapshotJSON(v)
+	s.withUsage(r.Context(), nil, nil, v.Snapshot, &out)
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
@@ -155,7 +157,9 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+	out := s.sandboxJSON(sb)
+	s.withUsage(r.Context(), sb, &out, nil, nil)
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) sandboxStatus(w http.ResponseWriter, r *http.Request) {

@@ -56,8 +56,9 @@ func New(mgr *sandbox.Manager, a *auth.Authenticator, images *image.Store, publi
 	s.handle("GET /dp/{id}/download", s.download)
 	s.handle("HEAD /dp/{id}/download", s.download)
 	s.registerProtocolRoutes()
+	s.registerBranchingRoutes()
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "runtime": mgr.Runtime()})
+		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "runtime": mgr.Runtime(), "storage": mgr.StorageBackend()})
 	})
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusNotFound, "NotFound", "no route for "+r.Method+" "+r.URL.Path)

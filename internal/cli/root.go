@@ -28,6 +28,8 @@ func Main(args []string) int {
 		newExecCmd(),
 		newCpCmd(),
 		newNSInitCmd(),
+		newDiffCmd(),
+		newInfoCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {

@@ -23,7 +23,7 @@ func newSandboxCmd() *cobra.Command {
 		Short:   "Create, list, stop, start and remove sandboxes",
 	}
 	cmd.AddCommand(newSandboxCreateCmd(), newSandboxLsCmd(), newSandboxRmCmd(),
-		newSandboxStopCmd(), newSandboxStartCmd())
+		newSandboxStopCmd(), newSandboxStartCmd(), newSandboxForkCmd(), newSandboxResetCmd())
 	return cmd
 }
 

@@ -99,7 +99,12 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	overlays, err := storage.New(filepath.Join(f.dataDir, "sandboxes"))
+	cow, err := storage.OpenCoW(ctx, f.dataDir, storage.WithCoWLogger(log))
+	if err != nil {
+		return err
+	}
+	log.Info("copy-on-write store", "backend", cow.Backend(), "root", cow.Root())
+	overlays, err := storage.New(filepath.Join(f.dataDir, "sandboxes"), storage.WithCoW(cow))
 	if err != nil {
 		return err
 	}

@@ -125,6 +125,11 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		}
 	}()
 	rid := runtimeID(sb.ID)
+	if first {
+		if err := m.seedIdentity(ctx, rid, sn); err != nil {
+			return err
+		}
+	}
 	rootfs, err := m.cfg.Storage.Mount(ctx, rid, sn.Layers)
 	if err != nil {
 		return err

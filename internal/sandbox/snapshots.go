@@ -148,9 +148,10 @@ func (m *Manager) ListSnapshots(ctx context.Context, o store.ListOptions) ([]*Sn
 	return out, nil
 }
 
-// DeleteSnapshot removes a snapshot. It is refused (ErrConflict) while
-// sandboxes booted from it exist, since their root filesystems use its
-// layers, and while it is still building.
+// DeleteSnapshot removes a snapshot (and its captured layer, if any). It is
+// refused (ErrConflict) while sandboxes booted from it exist, since their
+// root filesystems use its layers, while another snapshot stacks on its
+// captured layer, and while it is still building.
 func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	p, err := principalOf(ctx)
 	if err != nil {
@@ -170,7 +171,13 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	if n > 0 {
 		return fmt.Errorf("snapshot %s is used by %d sandbox(es); delete them first: %w", id, n, errdefs.ErrConflict)
 	}
-	return m.cfg.Store.DeleteSnapshot(ctx, p.WorkspaceID, id)
+	if err := m.checkSnapshotDependents(ctx, sn); err != nil {
+		return err
+	}
+	if err := m.cfg.Store.DeleteSnapshot(ctx, p.WorkspaceID, id); err != nil {
+		return err
+	}
+	return m.removeSnapshotData(ctx, sn)
 }
 
 // resolveSnapshot finds the snapshot a create request names: by id, by

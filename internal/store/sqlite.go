@@ -94,6 +94,8 @@ var migrations = []string{
 		updated_by TEXT NOT NULL,
 		UNIQUE(workspace_id, name)
 	);`,
+	// 3: snapshots captured from a sandbox (POST /boxes/{name}/snapshot).
+	`ALTER TABLE snapshots ADD COLUMN source_sandbox_id TEXT NOT NULL DEFAULT '';`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -207,15 +209,15 @@ func (s *SQLite) CountAPIKeys(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at`
+const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id`
 
 // CreateSnapshot inserts a snapshot record.
 func (s *SQLite) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
 	rc, _ := json.Marshal(sn.RunConfig)
 	layers, _ := json.Marshal(sn.Layers)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sn.ID, sn.WorkspaceID, sn.CreatedBy, sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest,
-		sn.RegistryID, sn.FSCapacityBytes, string(rc), string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt))
+		sn.RegistryID, sn.FSCapacityBytes, string(rc), string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt), sn.SourceSandboxID)
 	if err != nil {
 		return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
 	}
@@ -243,7 +245,7 @@ func scanSnapshot(row scanner) (*Snapshot, error) {
 	var sn Snapshot
 	var rc, layers, created, updated string
 	if err := row.Scan(&sn.ID, &sn.WorkspaceID, &sn.CreatedBy, &sn.Name, &sn.Status, &sn.StatusMessage, &sn.DockerImage,
-		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated); err != nil {
+		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated, &sn.SourceSandboxID); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal([]byte(rc), &sn.RunConfig); err != nil {

@@ -56,6 +56,9 @@ type Snapshot struct {
 	Layers    []string
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// SourceSandboxID is the sandbox a captured snapshot was taken from;
+	// its last layer is then its own captured layer.
+	SourceSandboxID string
 }
 
 // Sandbox is one isolated machine. Records are written only by the sandbox
@@ -138,6 +141,9 @@ type Store interface {
 	AllSandboxes(ctx context.Context) ([]*Sandbox, error)
 	// CountSandboxesUsingSnapshot counts sandboxes created from snapshot id.
 	CountSandboxesUsingSnapshot(ctx context.Context, id string) (int, error)
+	// SetSandboxSnapshot re-points sandbox id at snapshot snapshotID (a
+	// reset to another snapshot).
+	SetSandboxSnapshot(ctx context.Context, id, snapshotID string) error
 	DeleteSandbox(ctx context.Context, id string) error
 	// SetSandboxActivity persists a sandbox's last activity (never backwards).
 	SetSandboxActivity(ctx context.Context, id string, at time.Time) error

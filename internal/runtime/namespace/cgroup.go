@@ -17,8 +17,8 @@ import (
 
 // cgroupControllers are the cgroup v1 hierarchies a sandbox gets a directory
 // in: <root>/<ctrl>/<parent>/<id>. pids is listed first because Stop uses it
-// to enumerate the sandbox's processes.
-var cgroupControllers = [...]string{"pids", "memory", "cpu"}
+// to enumerate the sandbox's processes; freezer lets Pause stop them in place.
+var cgroupControllers = [...]string{"pids", "memory", "cpu", "freezer"}
 
 // cgroups is one sandbox's set of cgroup v1 directories.
 type cgroups struct {
@@ -109,6 +109,12 @@ func (cg cgroups) procs() []int {
 // the kernel finishes tearing dying tasks down.
 func (cg cgroups) remove(ctx context.Context) error {
 	var errs []error
+	for _, cd := range cg.dirs {
+		if cd.ctrl == "freezer" {
+			// A frozen task never dies of SIGKILL: thaw before killing.
+			os.WriteFile(filepath.Join(cd.path, "freezer.state"), []byte("THAWED"), 0)
+		}
+	}
 	for _, cd := range cg.dirs {
 		dir := cd.path
 		for {

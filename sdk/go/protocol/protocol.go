@@ -95,6 +95,7 @@ type Sandbox struct {
 	VCPUs                  int64      `json:"vcpus"`
 	MemBytes               int64      `json:"mem_bytes"`
 	FSCapacityBytes        int64      `json:"fs_capacity_bytes"`
+	FSUsedBytes            *int64     `json:"fs_used_bytes,omitempty"`
 	IdleTTLSeconds         int64      `json:"idle_ttl_seconds"`
 	DeleteAfterStopSeconds int64      `json:"delete_after_stop_seconds"`
 	RunConfig              *RunConfig `json:"run_config,omitempty"`

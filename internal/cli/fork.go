@@ -1,0 +1,149 @@
+package cli
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"github.com/spf13/cobra"
+)
+
+// newSnapshotCaptureCmd is `cubicle snapshot capture SANDBOX NAME`.
+func newSnapshotCaptureCmd() *cobra.Command {
+	var workDir, user string
+	cmd := &cobra.Command{
+		Use:   "capture SANDBOX NAME",
+		Short: "Snapshot a sandbox's filesystem as it is now (it keeps running)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			req := protocol.CaptureSnapshotRequest{Name: args[1]}
+			if workDir != "" || user != "" {
+				req.RunConfig = &protocol.RunConfig{WorkDir: workDir, User: user}
+			}
+			s, err := c.CaptureSnapshot(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			if s.Status != protocol.SnapshotReady {
+				if s, err = c.WaitSnapshot(cmd.Context(), s.ID, nil); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), s.ID)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&workDir, "workdir", "", "working directory commands in sandboxes from the snapshot start in")
+	cmd.Flags().StringVar(&user, "user", "", "user commands in sandboxes from the snapshot run as")
+	return cmd
+}
+
+// newSandboxForkCmd is `cubicle sandbox fork NAME --count N`.
+func newSandboxForkCmd() *cobra.Command {
+	var req protocol.ForkRequest
+	var timeout int64
+	cmd := &cobra.Command{
+		Use:   "fork NAME",
+		Short: "Capture a running sandbox and boot copy-on-write branches of it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			if timeout > 0 {
+				req.Timeout = &timeout
+			}
+			res, err := c.Fork(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "snapshot\t%s\n", res.SnapshotID)
+			for _, sb := range res.Sandboxes {
+				fmt.Fprintf(w, "%s\t%s\n", sb.Name, sb.Status)
+			}
+			return w.Flush()
+		},
+	}
+	fl := cmd.Flags()
+	fl.IntVar(&req.Count, "count", 1, "number of branches")
+	fl.StringSliceVar(&req.Names, "names", nil, "branch names (comma-separated, --count of them)")
+	fl.StringVar(&req.SnapshotName, "snapshot-name", "", "name of the captured snapshot")
+	fl.Int64Var(&timeout, "timeout", 0, "seconds to wait for every branch to be ready (default 60)")
+	return cmd
+}
+
+// newSandboxResetCmd is `cubicle sandbox reset NAME [--to SNAPSHOT]`.
+func newSandboxResetCmd() *cobra.Command {
+	var to string
+	cmd := &cobra.Command{
+		Use:   "reset NAME",
+		Short: "Discard a sandbox's changes and restart it from a snapshot",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			sb, err := c.ResetSandbox(cmd.Context(), args[0], to)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\t%s\t%s\n", sb.Name, sb.Status, sb.SnapshotID)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&to, "to", "", "snapshot id or name to reset to (default: the sandbox's own)")
+	return cmd
+}
+
+// newDiffCmd is `cubicle diff A B`.
+func newDiffCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "diff A B",
+		Short: "List paths added (A), modified (M) or deleted (D) going from A to B (sandbox names or snapshot ids/names)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			d, err := c.Diff(cmd.Context(), args[0], args[1])
+			if err != nil {
+				return err
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			for _, ch := range d.Changes {
+				fmt.Fprintf(w, "%s\t%d\t%s\n", strings.ToUpper(ch.Kind[:1]), ch.SizeBytes, ch.Path)
+			}
+			return w.Flush()
+		},
+	}
+}
+
+// newInfoCmd is `cubicle info`: the daemon's runtime and storage backend.
+func newInfoCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "info",
+		Short: "Show the daemon's runtime and copy-on-write storage backend",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			in, err := c.Info(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "runtime\t%s\nstorage\t%s\n", in.Runtime, in.Storage)
+			return nil
+		},
+	}
+}

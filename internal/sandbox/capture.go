@@ -1,0 +1,231 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/cleanup"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"github.com/google/uuid"
+)
+
+// Captured snapshots.
+//
+// A captured snapshot is its parent snapshot's layers plus one more: a
+// read-only copy-on-write snapshot of the sandbox's upper dir taken while
+// the sandbox was frozen. Sandboxes booted from it get an empty upper over
+// those layers, so a branch costs only what it writes. The captured layer
+// is owned by its snapshot record: it is deleted with the record, and the
+// record cannot be deleted while a sandbox boots from it or another
+// snapshot stacks on its layer.
+
+// CaptureSnapshot snapshots sandbox name's filesystem as it is now. A
+// running sandbox is frozen only for the instant of the copy and keeps
+// running; a stopped one is captured as it is. The snapshot is ready when
+// this returns.
+func (m *Manager) CaptureSnapshot(ctx context.Context, name string, req protocol.CaptureSnapshotRequest) (*SnapshotView, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := validateCaptureRequest(req, m.cfg.Limits); err != nil {
+		return nil, err
+	}
+	sb, err := m.visible(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.lock(sb.ID)
+	defer unlock()
+	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
+		return nil, err
+	}
+	return m.capture(ctx, p.WorkspaceID, p.User, sb, req)
+}
+
+func validateCaptureRequest(req protocol.CaptureSnapshotRequest, lim LimitPolicy) error {
+	if err := validateName("name", req.Name); err != nil {
+		return err
+	}
+	if req.DockerImage != "" {
+		return errdefs.Field("docker_image", "exporting a Docker image from inside a sandbox is not supported yet; omit docker_image to capture the sandbox's filesystem")
+	}
+	if req.IncludeMemory || req.Checkpoint {
+		return errdefs.Field("include_memory", "memory snapshots are not supported yet; only the filesystem is captured")
+	}
+	if err := validateSize("fs_capacity_bytes", req.FSCapacityBytes, lim.MaxFSBytes); err != nil {
+		return err
+	}
+	return validateRunConfig("run_config", req.RunConfig)
+}
+
+// capture takes the snapshot of sb (whose lock the caller holds) and
+// records it. Only ready and stopped sandboxes have a filesystem to take.
+func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *store.Sandbox, req protocol.CaptureSnapshotRequest) (*SnapshotView, error) {
+	if sb.Status != protocol.StatusReady && sb.Status != protocol.StatusStopped {
+		return nil, fmt.Errorf("sandbox %s is %s; only a ready or stopped sandbox can be captured: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
+	}
+	parent, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot of sandbox %s: %w", sb.Name, err)
+	}
+	now := time.Now().UTC()
+	sn := &store.Snapshot{
+		ID: uuid.NewString(), WorkspaceID: workspaceID, CreatedBy: user, Name: req.Name,
+		Status: protocol.SnapshotReady, DockerImage: parent.DockerImage, ImageDigest: parent.ImageDigest,
+		FSCapacityBytes: or(req.FSCapacityBytes, sb.FSCapacityBytes), SourceSandboxID: sb.ID,
+		RunConfig: parent.RunConfig.Layer(sb.RunConfig).Layer(req.RunConfig), CreatedAt: now, UpdatedAt: now,
+	}
+	var undo cleanup.Stack
+	defer undo.Run(ctx)
+	start := time.Now()
+	layer, frozen, err := m.freezeAndCapture(ctx, sb, sn.ID)
+	if err != nil {
+		return nil, err
+	}
+	undo.Push(func(ctx context.Context) error { return m.cfg.Storage.RemoveCapture(ctx, sn.ID) })
+	sn.Layers = append(slices.Clip(parent.Layers), layer)
+	if err := m.cfg.Store.CreateSnapshot(ctx, sn); err != nil {
+		return nil, err
+	}
+	undo.Release()
+	m.log.Info("snapshot captured", "snapshot", sn.ID, "name", sn.Name, "sandbox", sb.ID, "took", time.Since(start), "frozen", frozen)
+	return &SnapshotView{Snapshot: sn}, nil
+}
+
+// freezeAndCapture copies sb's upper dir to snapshot snap's layer. A ready
+// sandbox is first asked to flush (the gVisor Sentry may hold written data
+// in its own page cache) and then frozen for the copy, so the layer is one
+// point in time; it is thawed whatever happens. It returns the layer path
+// and how long the sandbox was frozen.
+func (m *Manager) freezeAndCapture(ctx context.Context, sb *store.Sandbox, snap string) (string, time.Duration, error) {
+	rid := runtimeID(sb.ID)
+	if sb.Status != protocol.StatusReady {
+		layer, err := m.cfg.Storage.Capture(ctx, rid, snap)
+		return layer, 0, err
+	}
+	pauser, ok := m.cfg.Driver.(runtime.Pauser)
+	if !ok {
+		return "", 0, fmt.Errorf("the %s runtime cannot freeze a running sandbox; stop %s first: %w", m.cfg.Driver.Name(), sb.Name, errdefs.ErrConflict)
+	}
+	if err := m.flush(ctx, sb); err != nil {
+		return "", 0, err
+	}
+	t0 := time.Now()
+	if err := pauser.Pause(ctx, rid); err != nil {
+		return "", 0, fmt.Errorf("freeze sandbox %s: %w", sb.Name, err)
+	}
+	layer, cerr := m.cfg.Storage.Capture(ctx, rid, snap)
+	rerr := pauser.Resume(context.WithoutCancel(ctx), rid)
+	frozen := time.Since(t0)
+	if rerr != nil {
+		m.log.Error("thaw sandbox after capture", "sandbox", sb.ID, "err", rerr)
+	}
+	if err := errors.Join(cerr, rerr); err != nil {
+		if cerr == nil {
+			m.cfg.Storage.RemoveCapture(context.WithoutCancel(ctx), snap)
+		}
+		return "", frozen, err
+	}
+	return layer, frozen, nil
+}
+
+// flush asks the sandbox to write cached file data back to its upper dir
+// (sync(1) inside), for runtimes whose kernel keeps its own page cache.
+// With the namespace runtime the host's page cache is the sandbox's, and a
+// btrfs snapshot includes dirty pages, so nothing needs doing.
+func (m *Manager) flush(ctx context.Context, sb *store.Sandbox) error {
+	if m.cfg.Driver.Name() == "namespace" {
+		return nil
+	}
+	c, _ := m.instance(sb.ID)
+	if c == nil {
+		return fmt.Errorf("sandbox %s has no running agent: %w", sb.Name, errdefs.ErrNotReady)
+	}
+	timeout := int64(30)
+	code, err := c.Exec(ctx, protocol.ExecFrame{Type: "execute", Command: "sync", TimeoutSeconds: &timeout, RunConfig: &protocol.RunConfig{User: "0"}}, nil, nil)
+	if err != nil {
+		return fmt.Errorf("flush sandbox %s: %w", sb.Name, err)
+	}
+	if code != 0 {
+		return fmt.Errorf("flush sandbox %s: sync exited %d", sb.Name, code)
+	}
+	return nil
+}
+
+// ownLayer is the layer a captured snapshot added on top of its parent's,
+// or "" for a snapshot built from an image.
+func (m *Manager) ownLayer(sn *store.Snapshot) string {
+	if sn.SourceSandboxID == "" || len(sn.Layers) == 0 {
+		return ""
+	}
+	if l := sn.Layers[len(sn.Layers)-1]; l == m.cfg.Storage.CaptureLayer(sn.ID) {
+		return l
+	}
+	return ""
+}
+
+// checkSnapshotDependents returns ErrConflict when another snapshot stacks
+// on sn's captured layer (it was captured from a sandbox booted from sn):
+// deleting the layer would break it and every sandbox booted from it.
+func (m *Manager) checkSnapshotDependents(ctx context.Context, sn *store.Snapshot) error {
+	own := m.ownLayer(sn)
+	if own == "" {
+		return nil
+	}
+	all, err := m.cfg.Store.ListSnapshots(ctx, sn.WorkspaceID, store.ListOptions{})
+	if err != nil {
+		return err
+	}
+	var deps []string
+	for _, o := range all {
+		if o.ID != sn.ID && slices.Contains(o.Layers, own) {
+			deps = append(deps, o.Name)
+		}
+	}
+	if len(deps) > 0 {
+		return fmt.Errorf("snapshot %s is the base of snapshot(s) %v; delete them first: %w", sn.ID, deps, errdefs.ErrConflict)
+	}
+	return nil
+}
+
+// removeSnapshotData deletes a deleted snapshot's captured layer.
+func (m *Manager) removeSnapshotData(ctx context.Context, sn *store.Snapshot) error {
+	if m.ownLayer(sn) == "" {
+		return nil
+	}
+	return m.cfg.Storage.RemoveCapture(ctx, sn.ID)
+}
+
+// seedIdentity gives a sandbox booted from a captured snapshot its own
+// /etc/machine-id, written into its (new) upper dir before the first boot,
+// so branches of one parent never share it. Its hostname is already its
+// own name. The kernel's entropy needs nothing: neither gVisor nor the
+// namespace runtime restores RNG state from a snapshot (no memory is
+// captured), so every branch seeds its RNG afresh.
+func (m *Manager) seedIdentity(ctx context.Context, rid string, sn *store.Snapshot) error {
+	if sn.SourceSandboxID == "" {
+		return nil
+	}
+	upper, err := m.cfg.Storage.Prepare(ctx, rid)
+	if err != nil {
+		return err
+	}
+	etc := filepath.Join(upper, "etc")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		return fmt.Errorf("seed machine-id: %w", err)
+	}
+	id := randomHex(16) + "\n"
+	if err := os.WriteFile(filepath.Join(etc, "machine-id"), []byte(id), 0o444); err != nil {
+		return fmt.Errorf("seed machine-id: %w", err)
+	}
+	return nil
+}

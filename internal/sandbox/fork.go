@@ -1,0 +1,238 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/storage"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// MaxForkCount bounds one fork request.
+const MaxForkCount = 64
+
+// ForkResult is a fork's captured snapshot and its branches.
+type ForkResult struct {
+	Snapshot  *store.Snapshot
+	Sandboxes []*store.Sandbox
+}
+
+// Fork captures sandbox name and boots req.Count branches from the
+// capture, in parallel, each with its own name (hostname) and machine-id.
+// It returns when every branch is ready; branches that failed to boot are
+// deleted and reported in the error, the others are kept and returned.
+func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkRequest) (*ForkResult, error) {
+	if req.Count < 1 || req.Count > MaxForkCount {
+		return nil, errdefs.Field("count", "must be between 1 and %d", MaxForkCount)
+	}
+	if len(req.Names) != 0 && len(req.Names) != req.Count {
+		return nil, errdefs.Field("names", "must have count (%d) entries when given", req.Count)
+	}
+	for _, n := range req.Names {
+		if err := validateName("names", n); err != nil {
+			return nil, err
+		}
+	}
+	parent, err := m.visible(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	snapName := req.SnapshotName
+	if snapName == "" {
+		snapName = parent.Name + "-fork-" + randomHex(3)
+		if len(snapName) > 63 {
+			snapName = "fork-" + randomHex(6)
+		}
+	}
+	v, err := m.CaptureSnapshot(ctx, name, protocol.CaptureSnapshotRequest{Name: snapName})
+	if err != nil {
+		return nil, err
+	}
+	timeout := int64(60)
+	if req.Timeout != nil && *req.Timeout > 0 {
+		timeout = *req.Timeout
+	}
+	wait := true
+	out := &ForkResult{Snapshot: v.Snapshot, Sandboxes: make([]*store.Sandbox, req.Count)}
+	errs := make([]error, req.Count)
+	var wg sync.WaitGroup
+	for i := range req.Count {
+		bname := parent.Name + "-" + randomHex(3)
+		if len(bname) > 63 {
+			bname = "branch-" + randomHex(6)
+		}
+		if len(req.Names) > 0 {
+			bname = req.Names[i]
+		}
+		creq := protocol.CreateSandboxRequest{
+			WaitForReady: &wait, Timeout: &timeout, SnapshotID: v.ID, Name: bname,
+			IdleTTLSeconds: &parent.IdleTTLSeconds, DeleteAfterStopSeconds: &parent.DeleteAfterStopSeconds,
+			VCPUs: &parent.VCPUs, MemBytes: &parent.MemBytes, FSCapacityBytes: &parent.FSCapacityBytes,
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := m.CreateSandbox(ctx, creq)
+			if err != nil && sb != nil {
+				if derr := m.DeleteSandbox(context.WithoutCancel(ctx), sb.Name); derr != nil {
+					m.log.Error("delete failed branch", "sandbox", sb.ID, "err", derr)
+				}
+				sb = nil
+			}
+			out.Sandboxes[i], errs[i] = sb, err
+		}()
+	}
+	wg.Wait()
+	kept := out.Sandboxes[:0]
+	for _, sb := range out.Sandboxes {
+		if sb != nil {
+			kept = append(kept, sb)
+		}
+	}
+	out.Sandboxes = kept
+	if err := errors.Join(errs...); err != nil {
+		return out, fmt.Errorf("fork %s: %d of %d branches failed: %w", name, req.Count-len(kept), req.Count, err)
+	}
+	return out, nil
+}
+
+// ResetSandbox discards everything sandbox name wrote and restarts it over
+// snapshot snapshotID (by id or name; "" means its own snapshot): stop,
+// replace the upper dir with an empty one (plus a fresh machine-id when
+// the snapshot is a captured one), start. Its name, id, address, token and
+// settings are kept.
+func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*store.Sandbox, error) {
+	sb, err := m.visible(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	unlock := m.lock(sb.ID)
+	defer unlock()
+	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
+		return nil, err
+	}
+	if sb.Status != protocol.StatusReady && sb.Status != protocol.StatusStopped {
+		return nil, fmt.Errorf("sandbox %s is %s; only a ready or stopped sandbox can be reset: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
+	}
+	if snapshotID == "" {
+		snapshotID = sb.SnapshotID
+	}
+	sn, err := m.resolveSnapshot(ctx, sb.WorkspaceID, protocol.CreateSandboxRequest{SnapshotID: snapshotID})
+	if err != nil {
+		return nil, err
+	}
+	if sb.Status == protocol.StatusReady {
+		if err := m.halt(ctx, sb, "reset"); err != nil {
+			return nil, err
+		}
+	}
+	rid := runtimeID(sb.ID)
+	if err := m.cfg.Storage.Reset(ctx, rid); err != nil {
+		return nil, err
+	}
+	if sn.ID != sb.SnapshotID {
+		if err := m.cfg.Store.SetSandboxSnapshot(ctx, sb.ID, sn.ID); err != nil {
+			return nil, err
+		}
+		sb.SnapshotID = sn.ID
+	}
+	if err := m.seedIdentity(ctx, rid, sn); err != nil {
+		return nil, err
+	}
+	if err := m.boot(ctx, sb, sn); err != nil {
+		return nil, err
+	}
+	return m.cfg.Store.GetSandboxByID(ctx, sb.ID)
+}
+
+// Diff lists what changed going from a to b. Each names a sandbox (its
+// current filesystem, live) or a snapshot (by id or name); sandboxes are
+// looked up first.
+func (m *Manager) Diff(ctx context.Context, a, b string) ([]storage.Change, error) {
+	la, err := m.layersOf(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	lb, err := m.layersOf(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	return storage.Diff(ctx, la, lb)
+}
+
+func (m *Manager) layersOf(ctx context.Context, ref string) ([]string, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := m.visible(ctx, ref)
+	if err == nil {
+		sn, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot of sandbox %s: %w", sb.Name, err)
+		}
+		return append(append([]string(nil), sn.Layers...), m.cfg.Storage.UpperDir(runtimeID(sb.ID))), nil
+	}
+	if !errdefs.IsNotFound(err) {
+		return nil, err
+	}
+	sn, err := m.cfg.Store.GetSnapshot(ctx, p.WorkspaceID, ref)
+	if errdefs.IsNotFound(err) {
+		sn, err = m.cfg.Store.SnapshotByName(ctx, p.WorkspaceID, ref)
+	}
+	if errdefs.IsNotFound(err) {
+		return nil, fmt.Errorf("no sandbox or snapshot %q: %w", ref, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if sn.Status != protocol.SnapshotReady {
+		return nil, fmt.Errorf("snapshot %s is %s: %w", sn.ID, sn.Status, errdefs.ErrNotReady)
+	}
+	return sn.Layers, nil
+}
+
+// Usage returns fs_used_bytes for sandboxes and snapshots, keyed by id:
+// the bytes only they hold on the CoW store (btrfs exclusive bytes), so a
+// fresh branch costs what it has written and a captured snapshot what no
+// live sandbox still shares. Snapshots built from images use shared image
+// layers and are not counted (absent from the result).
+func (m *Manager) Usage(ctx context.Context, sandboxes []*store.Sandbox, snapshots []*store.Snapshot) (map[string]int64, error) {
+	rids := map[string]string{}
+	var ids, snaps []string
+	for _, sb := range sandboxes {
+		rid := runtimeID(sb.ID)
+		rids[rid] = sb.ID
+		ids = append(ids, rid)
+	}
+	for _, sn := range snapshots {
+		if m.ownLayer(sn) != "" {
+			snaps = append(snaps, sn.ID)
+		}
+	}
+	if len(ids)+len(snaps) == 0 {
+		return map[string]int64{}, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	got, err := m.cfg.Storage.Usage(ctx, ids, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("measure usage: %w", err)
+	}
+	out := make(map[string]int64, len(got))
+	for k, n := range got {
+		if id, ok := rids[k]; ok {
+			k = id
+		}
+		out[k] = n
+	}
+	return out, nil
+}
+
+// StorageBackend names the CoW store backend (see storage.CoW.Backend).
+func (m *Manager) StorageBackend() string { return m.cfg.Storage.Backend() }

@@ -1,0 +1,67 @@
+package protocol
+
+// CaptureSnapshotRequest is the body of POST /boxes/{name}/snapshot (spec
+// X1): snapshot a sandbox's filesystem as it is now, while it keeps running.
+type CaptureSnapshotRequest struct {
+	Name string `json:"name"`
+	// DockerImage (export an image built inside the sandbox) is part of the
+	// protocol but not supported yet: requests with it are rejected.
+	DockerImage     string     `json:"docker_image,omitempty"`
+	FSCapacityBytes *int64     `json:"fs_capacity_bytes,omitempty"`
+	RunConfig       *RunConfig `json:"run_config,omitempty"`
+	// IncludeMemory and Checkpoint ask for a memory snapshot, which is not
+	// supported yet: requests setting either are rejected.
+	IncludeMemory bool `json:"include_memory,omitempty"`
+	Checkpoint    bool `json:"checkpoint,omitempty"`
+}
+
+// ForkRequest is the body of POST /boxes/{name}/fork (a Cubicle
+// extension): capture the sandbox and boot Count branches from the capture.
+type ForkRequest struct {
+	Count int `json:"count"`
+	// Names of the branches (len == Count); generated when empty.
+	Names []string `json:"names,omitempty"`
+	// SnapshotName names the captured snapshot (default "<name>-fork-<hex>").
+	SnapshotName string `json:"snapshot_name,omitempty"`
+	// Timeout bounds the wait for every branch to be ready, in seconds
+	// (default 60).
+	Timeout *int64 `json:"timeout,omitempty"`
+}
+
+// ForkResponse is the result of a fork: the captured snapshot and the
+// branches, each booted from it.
+type ForkResponse struct {
+	SnapshotID string    `json:"snapshot_id"`
+	Sandboxes  []Sandbox `json:"sandboxes"`
+}
+
+// ResetRequest is the body of POST /boxes/{name}/reset: discard everything
+// the sandbox wrote and restart it from SnapshotID (default: its own
+// snapshot).
+type ResetRequest struct {
+	SnapshotID string `json:"snapshot_id,omitempty"`
+}
+
+// Diff change kinds.
+const (
+	DiffAdded    = "added"
+	DiffModified = "modified"
+	DiffDeleted  = "deleted"
+)
+
+// DiffEntry is one path that differs between two filesystems.
+type DiffEntry struct {
+	Path string `json:"path"`
+	// Kind is DiffAdded, DiffModified or DiffDeleted; a rename is a delete
+	// of the old path plus an add of the new one.
+	Kind string `json:"kind"`
+	// SizeBytes is the file's size where it exists (B unless deleted).
+	SizeBytes int64 `json:"size_bytes"`
+}
+
+// DiffResponse is the body of GET /diff?a=&b=: how to get from A to B.
+type DiffResponse struct {
+	A       string      `json:"a"`
+	B       string      `json:"b"`
+	Changes []DiffEntry `json:"changes"`
+}
