@@ -13,6 +13,7 @@ import (
 	"github.com/coder/websocket/wsjson"
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/google/uuid"
 )
@@ -260,6 +261,14 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer dp.Release()
+	relayFile(w, r, dp, path, nil)
+}
+
+// relayFile streams path out of the sandbox behind dp. The agent serves
+// conditional and range requests; the daemon relays headers and bytes.
+// extra (may be nil) sets response headers over the agent's on a 2xx or
+// 304 answer; download links use it to pin content type and disposition.
+func relayFile(w http.ResponseWriter, r *http.Request, dp *sandbox.Conn, path string, extra http.Header) {
 	hdr := http.Header{}
 	for _, k := range []string{"Range", "If-Range", "If-None-Match", "If-Modified-Since", "If-Match", "If-Unmodified-Since"} {
 		if v := r.Header.Values(k); len(v) > 0 {
@@ -278,6 +287,11 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	defer resp.Body.Close()
 	for _, k := range relayedFileHeaders {
 		if v := resp.Header.Values(k); len(v) > 0 {
+			w.Header()[k] = v
+		}
+	}
+	if resp.StatusCode < 300 || resp.StatusCode == http.StatusNotModified {
+		for k, v := range extra {
 			w.Header()[k] = v
 		}
 	}

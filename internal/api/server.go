@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/gateway"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
@@ -29,12 +30,25 @@ type Server struct {
 	publicURL string
 	log       *slog.Logger
 	mux       *http.ServeMux
+	// gw serves sandbox services and download links; nil without
+	// WithGateway, and then their routes do not exist.
+	gw *gateway.Gateway
 }
+
+// Option configures optional parts of a Server.
+type Option func(*Server)
+
+// WithGateway enables service URLs (spec §9) and download links (spec X2),
+// served and minted by gw (built with WriteError as its error writer).
+func WithGateway(gw *gateway.Gateway) Option { return func(s *Server) { s.gw = gw } }
 
 // New returns a Server. publicURL is the externally reachable base URL from
 // which dataplane URLs are derived (no trailing slash).
-func New(mgr *sandbox.Manager, a *auth.Authenticator, images *image.Store, publicURL string, log *slog.Logger) *Server {
+func New(mgr *sandbox.Manager, a *auth.Authenticator, images *image.Store, publicURL string, log *slog.Logger, opts ...Option) *Server {
 	s := &Server{mgr: mgr, auth: a, images: images, publicURL: strings.TrimRight(publicURL, "/"), log: log, mux: http.NewServeMux()}
+	for _, opt := range opts {
+		opt(s)
+	}
 	for _, p := range prefixes {
 		s.handle("POST "+p+"/snapshots", s.createSnapshot)
 		s.handle("GET "+p+"/snapshots", s.listSnapshots)
@@ -49,6 +63,17 @@ func New(mgr *sandbox.Manager, a *auth.Authenticator, images *image.Store, publi
 		s.handle("POST "+p+"/boxes/{name}/start", s.startSandbox)
 		s.handle("POST "+p+"/images/load", s.loadImage)
 		s.handle("GET "+p+"/images", s.listImages)
+		if s.gw != nil {
+			s.handle("POST "+p+"/boxes/{name}/service-url", s.serviceURL)
+			s.handle("POST "+p+"/boxes/{name}/download-url", s.downloadURL)
+		}
+	}
+	if s.gw != nil {
+		// Signed links and service tokens are their own credential: no
+		// X-Api-Key on these.
+		s.mux.HandleFunc("GET /d/{token}", s.downloadLink)
+		s.mux.HandleFunc("HEAD /d/{token}", s.downloadLink)
+		s.mux.Handle("/s/", s.gw)
 	}
 	s.handle("POST /dp/{id}/execute", s.execute)
 	s.handle("GET /dp/{id}/execute/ws", s.executeWS)
@@ -66,8 +91,15 @@ func New(mgr *sandbox.Manager, a *auth.Authenticator, images *image.Store, publi
 	return s
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. A request for a host-form service
+// address goes to the gateway whatever its path.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.gw != nil && s.gw.OwnsHost(r.Host) {
+		s.gw.ServeHTTP(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // handle registers an authenticated handler: every API request must carry a
 // valid X-Api-Key; the principal it names is put in the request context.

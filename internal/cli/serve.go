@@ -37,6 +37,8 @@ type serveFlags struct {
 	runsc              string
 	insecureRegistries []string
 	debug              bool
+	serviceDomain      string
+	signingKey         string
 	reapInterval       time.Duration
 	ttlGranularity     time.Duration
 }
@@ -61,6 +63,9 @@ func newServeCmd() *cobra.Command {
 	fl.StringVar(&f.runsc, "runsc", "", "path of runsc (default: next to cubicle, then PATH)")
 	fl.StringSliceVar(&f.insecureRegistries, "insecure-registry", nil, "HOST[:PORT] of a registry reached over plain HTTP (repeatable)")
 	fl.BoolVar(&f.debug, "debug", false, "log every request")
+	fl.StringVar(&f.serviceDomain, "service-domain", os.Getenv("CUBICLE_SERVICE_DOMAIN"),
+		"domain for host-form service URLs <name>--<port>.<domain> (wildcard DNS to this daemon); unset: path form only (env CUBICLE_SERVICE_DOMAIN)")
+	fl.StringVar(&f.signingKey, "signing-key", "", "hex key file signing service tokens and download links, created 0600 if missing (default <data-dir>/signing.key)")
 	fl.DurationVar(&f.reapInterval, "reap-interval", envDuration("CUBICLE_REAP_INTERVAL", 10*time.Second),
 		"how often idle_ttl_seconds and delete_after_stop_seconds are enforced (env CUBICLE_REAP_INTERVAL)")
 	fl.DurationVar(&f.ttlGranularity, "ttl-granularity", envDuration("CUBICLE_TTL_GRANULARITY", time.Minute),
@@ -141,7 +146,12 @@ func serve(ctx context.Context, f serveFlags) error {
 	if public == "" {
 		public = "http://" + ln.Addr().String()
 	}
-	handler := api.New(mgr, auth.New(st), images, public, log)
+	authn := auth.New(st)
+	gw, err := newGateway(ctx, f, public, mgr, authn, log)
+	if err != nil {
+		return err
+	}
+	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw))
 	handler.EnableRegistries(registries)
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
 	go mgr.RunReaper(ctx)

@@ -1,0 +1,84 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// Service URL token lifetimes (spec §9.1). Tokens are meant to be short-
+// lived: the official client re-POSTs within 60 s of expiry on its own.
+const (
+	defaultServiceTTL = time.Hour
+	maxServiceTTL     = 7 * 24 * time.Hour
+)
+
+// WriteError writes err as the protocol's error response. It is the error
+// writer the service gateway is built with, so its errors map to HTTP in
+// the same single place as every other handler's.
+func WriteError(ctx context.Context, w http.ResponseWriter, err error) { writeError(ctx, w, err) }
+
+// serviceURL exposes a port of a sandbox through the gateway (spec X3, §9):
+// token mode ({port, expires_in_seconds?}) mints a signed token; login mode
+// ({port, access}) grants API-key holders of the workspace access through a
+// browser login. A token-mode request on a port with a login grant is 409.
+func (s *Server) serviceURL(w http.ResponseWriter, r *http.Request) {
+	var req protocol.ServiceURLRequest
+	if err := decode(r, &req); err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	ttl, err := validateServiceURL(req)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	sb, err := s.mgr.GetSandbox(r.Context(), r.PathValue("name"))
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	if req.Access != "" {
+		l := s.gw.GrantLogin(r.Context(), sb, req.Port, req.Access)
+		writeJSON(w, http.StatusOK, protocol.ServiceURLResponse{ServiceURL: l.ServiceURL, BrowserURL: l.BrowserURL, Access: l.Access})
+		return
+	}
+	l, err := s.gw.IssueService(r.Context(), sb, req.Port, ttl)
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, protocol.ServiceURLResponse{ServiceURL: l.ServiceURL, BrowserURL: l.BrowserURL,
+		Token: l.Token, ExpiresAt: l.ExpiresAt.Format(time.RFC3339)})
+}
+
+// validateServiceURL checks a service-url request and returns the token
+// lifetime (token mode).
+func validateServiceURL(req protocol.ServiceURLRequest) (time.Duration, error) {
+	if req.Port < 1 || req.Port > 65535 {
+		return 0, errdefs.Field("port", "must be between 1 and 65535")
+	}
+	if req.Port == agent.Port {
+		return 0, errdefs.Field("port", "%d is reserved for the Cubicle agent", agent.Port)
+	}
+	switch req.Access {
+	case "", protocol.AccessRestricted, protocol.AccessWorkspace:
+	default:
+		return 0, errdefs.Field("access", "must be %q or %q", protocol.AccessRestricted, protocol.AccessWorkspace)
+	}
+	if req.Access != "" && req.ExpiresInSeconds != nil {
+		return 0, errdefs.Field("expires_in_seconds", "cannot be combined with access (login mode has no token)")
+	}
+	if req.ExpiresInSeconds == nil {
+		return defaultServiceTTL, nil
+	}
+	ttl := time.Duration(*req.ExpiresInSeconds) * time.Second
+	if *req.ExpiresInSeconds < 1 || ttl > maxServiceTTL {
+		return 0, errdefs.Field("expires_in_seconds", "must be between 1 and %d", int64(maxServiceTTL/time.Second))
+	}
+	return ttl, nil
+}

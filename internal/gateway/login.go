@@ -1,0 +1,111 @@
+package gateway
+
+import (
+	"fmt"
+	"html/template"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// maxLoginForm bounds the login form body.
+const maxLoginForm = 8 << 10
+
+// login serves /s/login?sandbox=<id-or-name>&port=<port> for login-mode
+// services (spec §9.2). The caller proves who they are with an API key —
+// the X-Api-Key header, or the api_key field of the form this page shows —
+// and, if the port's grant admits them, gets a service token for LoginTTL
+// through the same cookie flow as a browser_url. Logging in is thus the only
+// way into a login-mode port that has no token of its own.
+func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	w.Header().Set("X-Frame-Options", "DENY")
+	key := r.Header.Get("X-Api-Key")
+	switch r.Method {
+	case http.MethodGet:
+	case http.MethodPost:
+		r.Body = http.MaxBytesReader(w, r.Body, maxLoginForm)
+		if err := r.ParseForm(); err != nil {
+			g.cfg.WriteError(ctx, w, fmt.Errorf("login form: %v: %w", err, errdefs.ErrInvalid))
+			return
+		}
+		if key == "" {
+			key = r.PostForm.Get("api_key")
+		}
+	default:
+		w.Header().Set("Allow", "GET, POST")
+		g.cfg.WriteError(ctx, w, fmt.Errorf("login takes GET or POST: %w", errdefs.ErrInvalid))
+		return
+	}
+	q := r.URL.Query()
+	ref := q.Get("sandbox")
+	port, ok := parsePort(q.Get("port"))
+	if ref == "" || !ok {
+		g.cfg.WriteError(ctx, w, errdefs.Field("port", "login needs ?sandbox=<id or name>&port=<1..65535>"))
+		return
+	}
+	if key == "" && r.Method == http.MethodGet {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
+		_ = loginPage.Execute(w, map[string]any{"Sandbox": ref, "Port": port})
+		return
+	}
+	p, err := g.cfg.Auth.Authenticate(ctx, key)
+	if err != nil {
+		g.cfg.WriteError(ctx, w, err)
+		return
+	}
+	sb, err := g.cfg.Sandboxes.Resolve(ctx, p.WorkspaceID, ref)
+	if err != nil {
+		g.cfg.WriteError(ctx, w, err)
+		return
+	}
+	access, granted := g.grant(sb.ID, port)
+	if !granted {
+		g.cfg.WriteError(ctx, w, fmt.Errorf("port %d of sandbox %s has no login access; ask for a service URL with access set: %w", port, sb.Name, errdefs.ErrForbidden))
+		return
+	}
+	if !admits(access, p, sb) {
+		g.cfg.WriteError(ctx, w, fmt.Errorf("port %d of sandbox %s is restricted to its creator and workspace admins: %w", port, sb.Name, errdefs.ErrForbidden))
+		return
+	}
+	exp := time.Now().Add(g.cfg.LoginTTL).Truncate(time.Second)
+	tok, err := g.cfg.Signer.Sign(Claims{Audience: AudienceService, Workspace: sb.WorkspaceID, Sandbox: sb.ID, Port: port, Expires: exp.Unix()})
+	if err != nil {
+		g.cfg.WriteError(ctx, w, err)
+		return
+	}
+	g.cfg.Logger.InfoContext(ctx, "service login", "sandbox", sb.ID, "port", port, "user", p.User, "access", access)
+	http.Redirect(w, r, g.serviceBase(sb, port)+"/?token="+url.QueryEscape(tok), http.StatusSeeOther)
+}
+
+// admits reports whether principal p may use a port of sb granted access.
+func admits(access string, p auth.Principal, sb *store.Sandbox) bool {
+	if p.WorkspaceID != sb.WorkspaceID {
+		return false
+	}
+	switch access {
+	case protocol.AccessWorkspace:
+		return true
+	case protocol.AccessRestricted:
+		return p.IsAdmin() || p.User == sb.CreatedBy
+	default:
+		return false
+	}
+}
+
+var loginPage = template.Must(template.New("login").Parse(`<!doctype html>
+<html><head><meta charset="utf-8"><title>Cubicle sign-in</title>
+<style>body{font-family:sans-serif;max-width:28em;margin:4em auto}input{width:100%;padding:.4em;margin:.4em 0}</style></head>
+<body><h1>Sign in</h1>
+<p>Sandbox <code>{{.Sandbox}}</code>, port {{.Port}}. Enter a Cubicle API key of its workspace.</p>
+<form method="post"><input type="password" name="api_key" autocomplete="off" autofocus required>
+<input type="submit" value="Sign in"></form></body></html>
+`))

@@ -1,0 +1,257 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// errNoCredential is a request to a service that carries no token at all;
+// browsers asking for HTML are sent to the login page instead.
+var errNoCredential = fmt.Errorf("no service token: send the %s header or open the browser_url: %w", protocol.ServiceTokenHeader, errdefs.ErrUnauthorized)
+
+// route is the service a request's URL names.
+type route struct {
+	ref  string // sandbox id or name, unescaped
+	port int
+	// prefix is "/s/<ref>/<port>" in the path form and "" in the host form.
+	prefix string
+	// rest is the escaped path to forward ("" only for a bare path-form
+	// prefix, which is redirected to prefix + "/").
+	rest string
+}
+
+// cookiePath scopes the token cookie to this sandbox and port.
+func (rt route) cookiePath() string { return rt.prefix + "/" }
+
+// ServeHTTP serves host-form requests (any path) and the /s/ tree:
+// /s/login and /s/<sandbox>/<port>/... .
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if ref, port, ok := g.matchHost(r.Host); ok {
+		g.serve(w, r, route{ref: ref, port: port, rest: r.URL.EscapedPath()})
+		return
+	}
+	p := r.URL.EscapedPath()
+	if p == "/s/login" {
+		g.login(w, r)
+		return
+	}
+	rt, ok := parsePath(p)
+	if !ok {
+		g.cfg.WriteError(r.Context(), w, fmt.Errorf("no service at %s (want /s/<sandbox>/<port>/...): %w", r.URL.Path, errdefs.ErrNotFound))
+		return
+	}
+	if rt.rest == "" {
+		u := rt.prefix + "/"
+		if r.URL.RawQuery != "" {
+			u += "?" + r.URL.RawQuery
+		}
+		http.Redirect(w, r, u, http.StatusTemporaryRedirect)
+		return
+	}
+	g.serve(w, r, rt)
+}
+
+// parsePath parses an escaped /s/<ref>/<port>[/rest] path.
+func parsePath(p string) (route, bool) {
+	tail, ok := strings.CutPrefix(p, "/s/")
+	if !ok {
+		return route{}, false
+	}
+	rawRef, tail, ok := strings.Cut(tail, "/")
+	if !ok {
+		return route{}, false
+	}
+	rawPort, rest, slash := strings.Cut(tail, "/")
+	ref, err := url.PathUnescape(rawRef)
+	if err != nil || ref == "" {
+		return route{}, false
+	}
+	port, ok := parsePort(rawPort)
+	if !ok {
+		return route{}, false
+	}
+	rt := route{ref: ref, port: port, prefix: "/s/" + rawRef + "/" + rawPort}
+	if slash {
+		rt.rest = "/" + rest
+	}
+	return rt, true
+}
+
+// serve authorizes a request for rt and proxies it to the sandbox.
+func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt route) {
+	ctx := r.Context()
+	// browser_url: trade ?token= for a cookie. Only a token of ours counts:
+	// services such as Jupyter have a ?token= of their own.
+	if tok := r.URL.Query().Get("token"); strings.HasPrefix(tok, jwtHeader+".") {
+		g.setCookie(w, r, rt, tok)
+		return
+	}
+	c, err := g.authorize(ctx, r, rt)
+	if errors.Is(err, errNoCredential) && r.Method == http.MethodGet && strings.Contains(r.Header.Get("Accept"), "text/html") {
+		http.Redirect(w, r, g.loginURL(rt), http.StatusSeeOther)
+		return
+	}
+	if err != nil {
+		g.cfg.WriteError(ctx, w, err)
+		return
+	}
+	release := g.cfg.Sandboxes.Acquire(c.Sandbox)
+	defer release()
+	t, err := g.resolve(ctx, c.Workspace, c.Sandbox)
+	if err != nil {
+		g.cfg.WriteError(ctx, w, err)
+		return
+	}
+	fw := &forward{addr: netip.AddrPortFrom(t.ip, uint16(rt.port)).String(), rest: rt.rest, prefix: rt.prefix}
+	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, forwardKey{}, fw)))
+}
+
+// authorize finds a token for rt among the request's credentials (the
+// header first, then cookies) and returns its claims. It fails with the
+// first token's error, or errNoCredential when there is none.
+func (g *Gateway) authorize(ctx context.Context, r *http.Request, rt route) (Claims, error) {
+	toks := r.Header.Values(protocol.ServiceTokenHeader)
+	for _, c := range r.Cookies() {
+		if c.Name == cookieName {
+			toks = append(toks, c.Value)
+		}
+	}
+	if len(toks) == 0 {
+		return Claims{}, errNoCredential
+	}
+	var first error
+	for _, tok := range toks {
+		c, err := g.claimsFor(ctx, tok, rt)
+		if err == nil {
+			return c, nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	return Claims{}, first
+}
+
+// claimsFor verifies tok and checks that it is for the sandbox and port rt
+// names. It does not wake the sandbox, so a foreign token costs nothing.
+func (g *Gateway) claimsFor(ctx context.Context, tok string, rt route) (Claims, error) {
+	c, err := g.cfg.Signer.Verify(tok, AudienceService)
+	if err != nil {
+		return Claims{}, err
+	}
+	if c.Port != rt.port {
+		return Claims{}, fmt.Errorf("token is for port %d, not %d: %w", c.Port, rt.port, errdefs.ErrUnauthorized)
+	}
+	if rt.ref == c.Sandbox {
+		return c, nil
+	}
+	g.mu.Lock()
+	t := g.targets[c.Sandbox]
+	g.mu.Unlock()
+	if t != nil && strings.EqualFold(rt.ref, t.name) {
+		return c, nil
+	}
+	// Unknown or renamed since cached: ask the store (without waking).
+	sb, err := g.cfg.Sandboxes.Resolve(ctx, c.Workspace, c.Sandbox)
+	if err != nil && !errdefs.IsNotFound(err) {
+		return Claims{}, err
+	}
+	if err != nil || !strings.EqualFold(rt.ref, sb.Name) {
+		return Claims{}, fmt.Errorf("token is for another sandbox: %w", errdefs.ErrUnauthorized)
+	}
+	if t != nil {
+		g.mu.Lock()
+		t.name = sb.Name
+		g.mu.Unlock()
+	}
+	return c, nil
+}
+
+// setCookie checks a browser_url token, stores it in an HttpOnly cookie
+// scoped to this sandbox and port, and redirects to the same URL without
+// the token, so it leaves the address bar and never reaches the service.
+func (g *Gateway) setCookie(w http.ResponseWriter, r *http.Request, rt route, tok string) {
+	c, err := g.claimsFor(r.Context(), tok, rt)
+	if err != nil {
+		g.cfg.WriteError(r.Context(), w, err)
+		return
+	}
+	http.SetCookie(w, &http.Cookie{
+		Name: cookieName, Value: tok, Path: rt.cookiePath(), Expires: c.ExpiresAt(),
+		HttpOnly: true, Secure: r.TLS != nil || g.public.Scheme == "https", SameSite: http.SameSiteLaxMode,
+	})
+	q := r.URL.Query()
+	q.Del("token")
+	u := url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+}
+
+// loginURL is where a browser without a token is sent.
+func (g *Gateway) loginURL(rt route) string {
+	q := url.Values{"sandbox": {rt.ref}, "port": {strconv.Itoa(rt.port)}}
+	return g.public.String() + "/s/login?" + q.Encode()
+}
+
+// forward is where one authorized request goes; serve passes it to rewrite
+// through the request context.
+type forward struct {
+	addr   string // SandboxIP:port
+	rest   string // escaped path
+	prefix string // path-form prefix, for X-Forwarded-Prefix
+}
+
+type forwardKey struct{}
+
+// rewrite points the outgoing request at the sandbox and strips every
+// credential meant for Cubicle.
+func rewrite(pr *httputil.ProxyRequest) {
+	fw := pr.In.Context().Value(forwardKey{}).(*forward)
+	out := pr.Out
+	out.URL.Scheme, out.URL.Host, out.Host = "http", fw.addr, ""
+	out.URL.RawPath = fw.rest
+	if p, err := url.PathUnescape(fw.rest); err == nil {
+		out.URL.Path = p
+	}
+	pr.SetXForwarded()
+	if fw.prefix != "" {
+		out.Header.Set("X-Forwarded-Prefix", fw.prefix)
+	}
+	stripCredentials(out.Header)
+}
+
+// stripCredentials removes the service token header, API keys and the token
+// cookie, keeping the service's own cookies.
+func stripCredentials(h http.Header) {
+	h.Del(protocol.ServiceTokenHeader)
+	h.Del("X-Api-Key")
+	lines := h.Values("Cookie")
+	if len(lines) == 0 {
+		return
+	}
+	var kept []string
+	for _, line := range lines {
+		for _, part := range strings.Split(line, ";") {
+			part = strings.TrimSpace(part)
+			name, _, _ := strings.Cut(part, "=")
+			if part != "" && strings.TrimSpace(name) != cookieName {
+				kept = append(kept, part)
+			}
+		}
+	}
+	h.Del("Cookie")
+	if len(kept) > 0 {
+		h.Set("Cookie", strings.Join(kept, "; "))
+	}
+}
