@@ -335,3 +335,43 @@ func TestLoadKeyRefusesLooseMode(t *testing.T) {
 		t.Fatalf("loose key file accepted: %v", err)
 	}
 }
+
+// TestStreamingFlushes checks that a streamed response reaches the client
+// chunk by chunk (FlushInterval -1), not when the service finishes.
+func TestStreamingFlushes(t *testing.T) {
+	release := make(chan struct{})
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, "data: second\n\n")
+	}))
+	defer ts.Close()
+	defer close(release)
+	_, p, _ := net.SplitHostPort(ts.Listener.Addr().String())
+	port, _ := strconv.Atoi(p)
+	g, _, sb := newTestGateway(t, "")
+	link, _ := g.IssueService(context.Background(), sb, port, time.Minute)
+	req, _ := http.NewRequest(http.MethodGet, link.ServiceURL+"/events", nil)
+	req.Header.Set(protocol.ServiceTokenHeader, link.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 64)
+	done := make(chan string, 1)
+	go func() {
+		n, _ := resp.Body.Read(buf)
+		done <- string(buf[:n])
+	}()
+	select {
+	case got := <-done:
+		if got != "data: first\n\n" {
+			t.Fatalf("first chunk %q", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("first event held back until the stream ends")
+	}
+}
