@@ -228,6 +228,9 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 	default:
 		return fmt.Errorf("network: teardown %s: %w", id, err)
 	}
+	if err := clearEgress(ep); err != nil {
+		return fmt.Errorf("network: teardown %s: %w", id, err)
+	}
 	if err := m.unplumb(ep); err != nil {
 		return fmt.Errorf("network: teardown %s: %w", id, err)
 	}

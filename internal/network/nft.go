@@ -118,8 +118,18 @@ func installRules(pool netip.Prefix) error {
 	pre := chain(inet, "prerouting", nftables.ChainTypeFilter, nftables.ChainHookPrerouting, nftables.ChainPriorityMangle)
 	add(pre, fromCB, rpfilterMissing(), verdict(expr.VerdictDrop))
 
+	egPre, egIn, egFwd, err := egressRules(conn, inet)
+	if err != nil {
+		return err
+	}
+	prenat := chain(inet, chainPreNAT, nftables.ChainTypeNAT, nftables.ChainHookPrerouting, nftables.ChainPriorityNATDest)
+	for _, r := range egPre {
+		add(prenat, r)
+	}
+
 	in := chain(inet, "input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter)
 	add(in, fromCB, established, verdict(expr.VerdictAccept))
+	add(in, egIn)
 	add(in, fromCB, verdict(expr.VerdictDrop))
 
 	fwd := chain(inet, "forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)
@@ -138,6 +148,7 @@ func installRules(pool netip.Prefix) error {
 	add(fwd, fromCB, ipv4, ipField(12), lookup(inetPools, true), verdict(expr.VerdictDrop))
 	add(fwd, fromCB, ipv4, ipField(16), prefixMatch(netip.MustParsePrefix("169.254.0.0/16")), verdict(expr.VerdictDrop))
 	add(fwd, fromCB, ipv4, ipField(16), lookup(inetPools, false), verdict(expr.VerdictDrop))
+	add(fwd, egFwd)
 	add(fwd, fromCB, verdict(expr.VerdictAccept))
 
 	post := chain(ipt, "postrouting", nftables.ChainTypeNAT, nftables.ChainHookPostrouting, nftables.ChainPriorityNATSource)

@@ -1,0 +1,425 @@
+package network
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+)
+
+// Per-sandbox egress state lives in the inet table beside the generic
+// policy, keyed by the sandbox's address so the generic rules never change:
+//
+//	map egress  { type ipv4_addr : verdict }              # SandboxIP → jump eg-<HostIf>
+//	map proxy   { type ipv4_addr : inet_service }         # SandboxIP → proxy port
+//	set proxied { type ipv4_addr . inet_service }         # SandboxIP . proxy port
+//	chain prenat { type nat hook prerouting priority dstnat;
+//	  iifname "cb*" meta nfproto ipv4 tcp dport 80  redirect to ip saddr map @proxy
+//	  iifname "cb*" meta nfproto ipv4 tcp dport 443 redirect to ip saddr map @proxy
+//	}
+//	input:   iifname "cb*" ct status dnat ip saddr . tcp dport @proxied accept  (before the drop)
+//	forward: iifname "cb*" ip saddr vmap @egress                               (before the final accept)
+//	chain eg-<HostIf> {                       # one per sandbox with a list
+//	  set eg-<HostIf> { type ipv4_addr; flags interval }   # the list's IPs and CIDRs
+//	  allow: udp/tcp dport 53 accept; ip daddr @set accept; tcp → reject with tcp reset; else reject admin-prohibited
+//	  deny:  ip daddr @set tcp → reject with tcp reset; ip daddr @set reject admin-prohibited
+//	}
+//
+// Redirect rewrites the destination to the address of the interface the
+// packet came in on (HostIP), so the proxy sees the sandbox by its source
+// address and learns the real destination from conntrack (SO_ORIGINAL_DST).
+// The input exception admits exactly the redirected flows of a proxied
+// sandbox to its proxy port: a sandbox dialling HostIP:port itself has no
+// dnat status and is still dropped. Replacing one sandbox's list is a single
+// transaction (flush chain and set, refill), so a PATCH never opens a gap.
+const (
+	mapEgress  = "egress"
+	mapProxy   = "proxy"
+	setProxied = "proxied"
+	chainPreNAT = "prenat"
+)
+
+// EgressMode selects how EgressPolicy.Nets is read.
+type EgressMode int
+
+// Egress modes (see the proxy's access_control).
+const (
+	EgressOpen  EgressMode = iota // no list: everything not otherwise forbidden passes
+	EgressAllow                   // only Nets (and DNS) pass; other raw IP traffic is rejected
+	EgressDeny                    // Nets are rejected
+)
+
+// EgressPolicy is the packet-level part of a sandbox's egress policy. Names
+// are not here: they are enforced by the proxy on Host/SNI, and DNS answers
+// never become holes at this level.
+type EgressPolicy struct {
+	Mode EgressMode
+	Nets []netip.Prefix // IPv4 only; IPv6 egress is dropped anyway
+	// ProxyPort, when non-zero, redirects the sandbox's TCP 80 and 443 to
+	// this port on HostIP (the daemon's transparent proxy).
+	ProxyPort uint16
+}
+
+// SetEgress installs (or replaces) id's egress policy. The endpoint must
+// exist. Policies are derived state: they vanish at Teardown and after a
+// host reboot, and the caller re-applies them when it boots the sandbox.
+func (m *Manager) SetEgress(id string, p EgressPolicy) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	unlock := m.lockID(id)
+	defer unlock()
+	rec, err := m.readRecord(id)
+	if err != nil {
+		return fmt.Errorf("network: egress %s: %w", id, err)
+	}
+	ep := m.endpoint(rec)
+	for _, n := range p.Nets {
+		if !n.Addr().Is4() {
+			return fmt.Errorf("network: egress %s: %s is not IPv4: %w", id, n, errdefs.ErrInvalid)
+		}
+	}
+	if err := ensureEgressTables(); err != nil {
+		return fmt.Errorf("network: egress %s: %w", id, err)
+	}
+	// Clear what a previous policy left (elements whose values may differ),
+	// then install the new one. Each delete is its own batch: a missing
+	// element must not abort the rest.
+	clearEgressElems(ep)
+	if err := installEgress(ep, p); err != nil {
+		return fmt.Errorf("network: egress %s: %w", id, err)
+	}
+	return nil
+}
+
+// EgressRejected returns how many packets id's egress chain has rejected
+// (0 when it has none), for the egress log.
+func (m *Manager) EgressRejected(id string) (uint64, error) {
+	conn, err := nftables.New()
+	if err != nil {
+		return 0, err
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+	rules, err := conn.GetRules(t, &nftables.Chain{Name: egressChain(hostIfName(id)), Table: t})
+	if err != nil {
+		return 0, nil // no chain: nothing rejected
+	}
+	var n uint64
+	for _, r := range rules {
+		for _, e := range r.Exprs {
+			if c, ok := e.(*expr.Counter); ok {
+				n += c.Packets
+			}
+		}
+	}
+	return n, nil
+}
+
+func egressChain(hostIf string) string { return "eg-" + hostIf }
+
+// ensureEgressTables declares the maps, sets and the nat chain if missing.
+// Declaring existing ones keeps their elements.
+func ensureEgressTables() error {
+	conn, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := inetTable()
+	for _, s := range egressSets(t) {
+		if err := conn.AddSet(s, nil); err != nil {
+			return fmt.Errorf("declare %s: %w", s.Name, err)
+		}
+	}
+	return conn.Flush()
+}
+
+func inetTable() *nftables.Table {
+	return &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+}
+
+// egressSets are the shared maps and sets of the inet table.
+func egressSets(t *nftables.Table) []*nftables.Set {
+	return []*nftables.Set{
+		{Table: t, Name: mapEgress, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict, IsMap: true},
+		{Table: t, Name: mapProxy, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeInetService, IsMap: true},
+		{Table: t, Name: setProxied, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService), Concatenation: true},
+	}
+}
+
+// egressRules are the generic egress rules, returned per chain so
+// installRules can put each at its place in the same transaction: redirects
+// for the nat prerouting chain, the proxy exception for input (before its
+// drop) and the per-sandbox dispatch for forward (before its final accept).
+func egressRules(conn *nftables.Conn, inet *nftables.Table) (pre [][]expr.Any, in, fwd []expr.Any, err error) {
+	sets := egressSets(inet)
+	for _, s := range sets {
+		if err := conn.AddSet(s, nil); err != nil {
+			return nil, nil, nil, fmt.Errorf("declare %s: %w", s.Name, err)
+		}
+	}
+	egress, proxy, proxied := sets[0], sets[1], sets[2]
+	fromCB := ifPrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq)
+	ipv4 := nfproto(unix.NFPROTO_IPV4)
+	for _, port := range []uint16{80, 443} {
+		pre = append(pre, slices.Concat(fromCB, ipv4, tcpDport(port), ipField(12), []expr.Any{
+			&expr.Lookup{SourceRegister: reg, SetName: proxy.Name, SetID: proxy.ID, DestRegister: reg, IsDestRegSet: true},
+			&expr.Redir{RegisterProtoMin: reg},
+		}))
+	}
+	// ip saddr . tcp dport: concatenations use the 4-byte registers
+	// NFT_REG32_00 (8) and up, laid out back to back.
+	in = slices.Concat(fromCB, ipv4, ctStatus(ipsDstNAT), l4proto(unix.IPPROTO_TCP), []expr.Any{
+		&expr.Payload{DestRegister: 8, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+		&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: 8, SetName: proxied.Name, SetID: proxied.ID},
+	}, verdict(expr.VerdictAccept))
+	fwd = slices.Concat(fromCB, ipv4, ipField(12), []expr.Any{
+		&expr.Lookup{SourceRegister: reg, SetName: egress.Name, SetID: egress.ID, DestRegister: 0, IsDestRegSet: true},
+	})
+	return pre, in, fwd, nil
+}
+
+// installEgress creates ep's chain and set (empty for an open policy) and
+// its map elements, in one transaction.
+func installEgress(ep *Endpoint, p EgressPolicy) error {
+	conn, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := inetTable()
+	sets := egressSets(t)
+	egress, proxy, proxied := sets[0], sets[1], sets[2]
+	name := egressChain(ep.HostIf)
+	c := conn.AddChain(&nftables.Chain{Table: t, Name: name})
+	conn.FlushChain(c)
+	nets := &nftables.Set{Table: t, Name: name, KeyType: nftables.TypeIPAddr, Interval: true}
+	elems, err := intervalElems(p.Nets)
+	if err != nil {
+		return err
+	}
+	if err := conn.AddSet(nets, nil); err != nil {
+		return fmt.Errorf("declare set %s: %w", name, err)
+	}
+	conn.FlushSet(nets)
+	if len(elems) > 0 {
+		if err := conn.SetAddElements(nets, elems); err != nil {
+			return fmt.Errorf("fill set %s: %w", name, err)
+		}
+	}
+	add := func(exprs ...[]expr.Any) {
+		conn.AddRule(&nftables.Rule{Table: t, Chain: c, Exprs: slices.Concat(exprs...)})
+	}
+	inNets := slices.Concat(ipField(16), lookup(nets, false))
+	tcp := l4proto(unix.IPPROTO_TCP)
+	counter := []expr.Any{&expr.Counter{}}
+	tcpReset := []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_TCP_RST}}
+	prohibited := []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}}
+	switch p.Mode {
+	case EgressAllow:
+		// DNS stays open so names resolve; the answers open nothing here.
+		add(l4proto(unix.IPPROTO_UDP), udpDport(53), verdict(expr.VerdictAccept))
+		add(tcp, tcpDport(53), verdict(expr.VerdictAccept))
+		add(inNets, verdict(expr.VerdictAccept))
+		add(tcp, counter, tcpReset)
+		add(counter, prohibited)
+	case EgressDeny:
+		add(inNets, tcp, counter, tcpReset)
+		add(inNets, counter, prohibited)
+	}
+	ip := ep.SandboxIP.As4()
+	if err := conn.SetAddElements(egress, []nftables.SetElement{{Key: ip[:], VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}}}); err != nil {
+		return fmt.Errorf("map %s: %w", mapEgress, err)
+	}
+	if p.ProxyPort != 0 {
+		port := binaryutil.BigEndian.PutUint16(p.ProxyPort)
+		if err := conn.SetAddElements(proxy, []nftables.SetElement{{Key: ip[:], Val: port}}); err != nil {
+			return fmt.Errorf("map %s: %w", mapProxy, err)
+		}
+		if err := conn.SetAddElements(proxied, []nftables.SetElement{{Key: slices.Concat(ip[:], port, []byte{0, 0})}}); err != nil {
+			return fmt.Errorf("set %s: %w", setProxied, err)
+		}
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("commit egress of %s: %w", ep.HostIf, err)
+	}
+	return nil
+}
+
+// clearEgressElems removes ep's map and set elements, best effort: each in
+// its own batch, since a missing element fails its batch.
+func clearEgressElems(ep *Endpoint) {
+	if !ep.SandboxIP.Is4() {
+		return // no record: there can be no elements keyed by its address
+	}
+	conn, err := nftables.New()
+	if err != nil {
+		return
+	}
+	t := inetTable()
+	sets := egressSets(t)
+	ip := ep.SandboxIP.As4()
+	for _, s := range sets[:2] {
+		if err := conn.SetDeleteElements(s, []nftables.SetElement{{Key: ip[:]}}); err == nil {
+			_ = conn.Flush()
+		}
+	}
+	// The proxied set is keyed by address and port: drop every element of
+	// this address whatever port an earlier daemon used.
+	if elems, err := conn.GetSetElements(sets[2]); err == nil {
+		for _, e := range elems {
+			if len(e.Key) >= 4 && [4]byte(e.Key[:4]) == ip {
+				if err := conn.SetDeleteElements(sets[2], []nftables.SetElement{{Key: e.Key}}); err == nil {
+					_ = conn.Flush()
+				}
+			}
+		}
+	}
+}
+
+// clearEgress removes everything SetEgress made for ep. Missing pieces are
+// fine; Teardown calls it.
+func clearEgress(ep *Endpoint) error {
+	clearEgressElems(ep)
+	conn, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	t := inetTable()
+	name := egressChain(ep.HostIf)
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return err
+	}
+	found := false
+	for _, c := range chains {
+		found = found || c.Table.Name == TableName && c.Name == name
+	}
+	if !found {
+		return nil
+	}
+	c := &nftables.Chain{Table: t, Name: name}
+	conn.FlushChain(c)
+	conn.DelChain(c)
+	conn.DelSet(&nftables.Set{Table: t, Name: name})
+	if err := conn.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete egress chain %s: %w", name, err)
+	}
+	return nil
+}
+
+// intervalElems turns prefixes into the elements of an interval set:
+// overlapping and adjacent ranges merged (the kernel refuses overlaps), each
+// as a start key and an end key one past its last address; a range that
+// runs to 255.255.255.255 has no end key.
+func intervalElems(nets []netip.Prefix) ([]nftables.SetElement, error) {
+	type rng struct{ lo, hi uint64 } // [lo, hi)
+	var rs []rng
+	for _, n := range nets {
+		n = n.Masked()
+		a := n.Addr().As4()
+		lo := uint64(binary.BigEndian.Uint32(a[:]))
+		rs = append(rs, rng{lo, lo + 1<<(32-n.Bits())})
+	}
+	slices.SortFunc(rs, func(a, b rng) int { return int(a.lo) - int(b.lo) })
+	var merged []rng
+	for _, r := range rs {
+		if k := len(merged) - 1; k >= 0 && r.lo <= merged[k].hi {
+			merged[k].hi = max(merged[k].hi, r.hi)
+			continue
+		}
+		merged = append(merged, r)
+	}
+	var out []nftables.SetElement
+	for _, r := range merged {
+		var lo, hi [4]byte
+		binary.BigEndian.PutUint32(lo[:], uint32(r.lo))
+		out = append(out, nftables.SetElement{Key: lo[:]})
+		if r.hi < 1<<32 {
+			binary.BigEndian.PutUint32(hi[:], uint32(r.hi))
+			out = append(out, nftables.SetElement{Key: hi[:], IntervalEnd: true})
+		}
+	}
+	return out, nil
+}
+
+func nfproto(p byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: reg},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: []byte{p}},
+	}
+}
+
+func l4proto(p byte) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: []byte{p}},
+	}
+}
+
+func tcpDport(port uint16) []expr.Any {
+	return slices.Concat(l4proto(unix.IPPROTO_TCP), []expr.Any{
+		&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: binaryutil.BigEndian.PutUint16(port)},
+	})
+}
+
+func udpDport(port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: binaryutil.BigEndian.PutUint16(port)},
+	}
+}
+
+// ctStatus matches when the conntrack status has bit set (IPS_DST_NAT:
+// the flow was redirected).
+func ctStatus(bit uint32) []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: reg, Key: expr.CtKeySTATUS},
+		&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(bit), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg, Data: make([]byte, 4)},
+	}
+}
+
+// ipsDstNAT is the conntrack status bit of a destination-NATed flow
+// (IPS_DST_NAT in linux/netfilter/nf_conntrack_common.h).
+const ipsDstNAT = 1 << 5
+
+// OriginalDst returns the destination a redirected connection was sent to
+// before the redirect (SO_ORIGINAL_DST from conntrack). For a connection
+// that was not redirected it returns the local address.
+func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var ap netip.AddrPort
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		// The kernel writes a struct sockaddr_in; IPv6Mreq is a 20-byte
+		// buffer that holds it.
+		var m *unix.IPv6Mreq
+		m, serr = unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if serr != nil {
+			return
+		}
+		b := m.Multiaddr
+		ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[4], b[5], b[6], b[7]}), binary.BigEndian.Uint16(b[2:4]))
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("SO_ORIGINAL_DST: %w", err)
+	}
+	return ap, nil
+}
