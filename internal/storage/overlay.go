@@ -179,6 +179,22 @@ func (o *Overlays) CaptureLayer(snap string) string {
 	return filepath.Join(o.cow.Root(), volSnapshots, snap, "upper")
 }
 
+// Flush writes the store's dirty data back (syncfs). Called before a
+// sandbox is frozen for a capture, it moves the writeback of what the
+// sandbox wrote recently out of the frozen window: a btrfs snapshot must
+// flush its source's dirty data first.
+func (o *Overlays) Flush(ctx context.Context, id string) error {
+	fd, err := unix.Open(o.volume(id), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("flush storage of %s: %w", id, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Syncfs(fd); err != nil {
+		return fmt.Errorf("flush storage of %s: %w", id, err)
+	}
+	return nil
+}
+
 // Capture takes a read-only snapshot of sandbox id's upper dir as the
 // layer of snapshot snap and returns the layer's path. The sandbox must be
 // frozen (or stopped) so the copy is consistent.
