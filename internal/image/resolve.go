@@ -45,7 +45,15 @@ func (s *Store) Resolve(ctx context.Context, ref string, auth authn.Authenticato
 		return nil, fmt.Errorf("resolve image: %w", err)
 	}
 	canon := r.Name()
-	if img, err := s.lookup(canon); err == nil {
+	if auth == nil {
+		auth = authn.Anonymous
+	}
+	if img, private, err := s.lookup(canon); err == nil {
+		if private {
+			if err := s.checkAccess(ctx, r, auth, img.Digest); err != nil {
+				return nil, fmt.Errorf("resolve image %s: %w", ref, err)
+			}
+		}
 		return img, nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, fmt.Errorf("resolve image %s: %w", ref, err)
@@ -55,14 +63,39 @@ func (s *Store) Resolve(ctx context.Context, ref string, auth authn.Authenticato
 			return img, nil
 		}
 	}
-	if auth == nil {
-		auth = authn.Anonymous
-	}
 	img, err := s.pull(ctx, r, auth, progress)
 	if err != nil {
 		return nil, fmt.Errorf("pull image %s: %w", ref, err)
 	}
+	if auth != authn.Anonymous {
+		if err := s.markPrivate(canon, img.Digest); err != nil {
+			return nil, fmt.Errorf("record private image %s: %w", ref, err)
+		}
+	}
 	return img, nil
+}
+
+// checkAccess asks the registry, with the caller's credentials, for the
+// manifest of a privately pulled image before its cached layers are handed
+// out: a workspace must not get another workspace's private image just
+// because it is cached. The manifest digest must still match the cache.
+func (s *Store) checkAccess(ctx context.Context, r name.Reference, auth authn.Authenticator, digest string) error {
+	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuth(auth), remote.WithPlatform(Platform)}
+	if s.isInsecure(r.Context().RegistryStr()) {
+		opts = append(opts, remote.WithTransport(insecureTransport()))
+	}
+	img, err := remote.Image(r, opts...)
+	if err != nil {
+		return fmt.Errorf("check access to private image: %w", classify(err))
+	}
+	got, err := img.Digest()
+	if err != nil {
+		return fmt.Errorf("check access to private image: %w", classify(err))
+	}
+	if got.String() != digest {
+		return fmt.Errorf("private image moved to %s since it was cached (%s): remove it from the store to pull again: %w", got, digest, errdefs.ErrConflict)
+	}
+	return nil
 }
 
 func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authenticator, progress func(Progress)) (*Image, error) {

@@ -155,6 +155,10 @@ type record struct {
 type refEntry struct {
 	Ref    string `json:"ref"`
 	Digest string `json:"digest"`
+	// Private marks a ref pulled with credentials. The store is shared by
+	// every workspace, so a later Resolve of it must prove, with its own
+	// credentials, that the registry would let it pull the image too.
+	Private bool `json:"private,omitempty"`
 }
 
 func hexOf(digest string) (string, error) {
@@ -280,14 +284,22 @@ func (s *Store) imageByDigest(ref, digest string) (*Image, error) {
 	return img, nil
 }
 
-// lookup returns the locally stored image for a canonical ref, or an error
-// wrapping ErrNotFound.
-func (s *Store) lookup(ref string) (*Image, error) {
+// lookup returns the locally stored image for a canonical ref and whether
+// it was pulled with credentials, or an error wrapping ErrNotFound.
+func (s *Store) lookup(ref string) (*Image, bool, error) {
 	var e refEntry
 	if err := readJSON(s.refPath(ref), &e); err != nil {
-		return nil, fmt.Errorf("ref %s: %w", ref, err)
+		return nil, false, fmt.Errorf("ref %s: %w", ref, err)
 	}
-	return s.imageByDigest(ref, e.Digest)
+	img, err := s.imageByDigest(ref, e.Digest)
+	return img, e.Private, err
+}
+
+// markPrivate records that ref was pulled with credentials.
+func (s *Store) markPrivate(ref, digest string) error {
+	s.index.Lock()
+	defer s.index.Unlock()
+	return s.writeJSON(s.refPath(ref), refEntry{Ref: ref, Digest: digest, Private: true})
 }
 
 // List returns every locally stored image: one entry per ref, plus one

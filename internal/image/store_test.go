@@ -247,6 +247,31 @@ func TestResolveWithBasicAuth(t *testing.T) {
 	}
 }
 
+// TestPrivateImageCacheNeedsCredentials: once one caller has pulled a
+// private image with credentials, another caller of the same store (another
+// workspace) gets the cached copy only by presenting valid credentials.
+func TestPrivateImageCacheNeedsCredentials(t *testing.T) {
+	requireRoot(t)
+	host := imagetest.StartAuthRegistry(t, "alice", "s3cret")
+	ref := imagetest.PushAuth(t, host, "private/app:2", overlayStack(t), "alice", "s3cret")
+	ctx := context.Background()
+	s := newStore(t)
+	good := &authn.Basic{Username: "alice", Password: "s3cret"}
+	first, err := s.Resolve(ctx, ref, good, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, auth := range []authn.Authenticator{nil, &authn.Basic{Username: "alice", Password: "wrong"}} {
+		if _, err := s.Resolve(ctx, ref, auth, nil); !errors.Is(err, errdefs.ErrUnauthorized) {
+			t.Errorf("cached private image with %v: %v, want ErrUnauthorized", auth, err)
+		}
+	}
+	again, err := s.Resolve(ctx, ref, good, nil)
+	if err != nil || again.Digest != first.Digest || again.Layers[0] != first.Layers[0] {
+		t.Fatalf("cached private image with right creds: %+v %v", again, err)
+	}
+}
+
 func TestConcurrentResolveUnpacksOnce(t *testing.T) {
 	requireRoot(t)
 	host := imagetest.StartRegistry(t)
