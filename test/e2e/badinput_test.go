@@ -145,7 +145,8 @@ func TestBadInput(t *testing.T) {
 		if _, err := os.Stat("/etc/escape-test"); err == nil {
 			t.Fatal("a sandbox path with .. wrote to the host's /etc")
 		}
-		upper := filepath.Join(d.dataDir, "sandboxes", strings.ReplaceAll(sb.ID, "-", ""), "upper", "etc", "escape-test")
+		// The sandbox's upper dir lives on the copy-on-write store.
+		upper := filepath.Join(d.dataDir, "cow", "sandboxes", strings.ReplaceAll(sb.ID, "-", ""), "upper", "etc", "escape-test")
 		if b, err := os.ReadFile(upper); err != nil || string(b) != "inside" {
 			t.Fatalf("file not in the sandbox's own upper dir: %v %q", err, b)
 		}

@@ -35,8 +35,10 @@ func leakCounts(t testing.TB, d *daemon) counts {
 	c.NetNS = len(ents)
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
 	c.Mounts = strings.Count(string(mounts), d.dataDir)
-	ents, _ = os.ReadDir(filepath.Join(d.dataDir, "sandboxes"))
-	c.StorageDirs = len(ents)
+	for _, dir := range []string{filepath.Join(d.dataDir, "sandboxes"), filepath.Join(d.dataDir, "cow", "sandboxes")} {
+		ents, _ = os.ReadDir(dir)
+		c.StorageDirs += len(ents)
+	}
 	ents, _ = os.ReadDir(filepath.Join(d.dataDir, "runtime", d.runtime))
 	for _, e := range ents {
 		if e.IsDir() && len(e.Name()) == 32 {
