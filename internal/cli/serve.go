@@ -41,6 +41,7 @@ type serveFlags struct {
 	signingKey         string
 	reapInterval       time.Duration
 	ttlGranularity     time.Duration
+	egress             egressFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -57,6 +58,7 @@ func newServeCmd() *cobra.Command {
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to serve the API on")
+	addEgressFlags(fl, &f.egress)
 	fl.StringVar(&f.dataDir, "data-dir", "/var/lib/cubicle", "directory for state, images and sandbox filesystems")
 	fl.StringVar(&f.publicURL, "public-url", "", "externally reachable base URL (default http://<listen>)")
 	fl.StringVar(&f.runtime, "runtime", "gvisor", "sandbox runtime: gvisor or namespace")
@@ -133,8 +135,13 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	registries := registry.New(st, box)
+	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, netmgr, box, log)
+	if err != nil {
+		return err
+	}
+	defer egress.Close()
 	mgr := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
-		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity})
+		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress})
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
@@ -153,6 +160,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	}
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw))
 	handler.EnableRegistries(registries)
+	handler.EnableEgress(vault, egress)
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
 	go mgr.RunReaper(ctx)
 	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir)

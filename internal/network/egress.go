@@ -42,9 +42,9 @@ import (
 // dnat status and is still dropped. Replacing one sandbox's list is a single
 // transaction (flush chain and set, refill), so a PATCH never opens a gap.
 const (
-	mapEgress  = "egress"
-	mapProxy   = "proxy"
-	setProxied = "proxied"
+	mapEgress   = "egress"
+	mapProxy    = "proxy"
+	setProxied  = "proxied"
 	chainPreNAT = "prenat"
 )
 

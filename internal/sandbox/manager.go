@@ -59,6 +59,9 @@ type Config struct {
 	// Credentials resolves registry_id for snapshot builds; nil refuses
 	// every registry_id.
 	Credentials Credentials
+	// Egress enforces proxy_config (egress.go); nil runs without an egress
+	// proxy and refuses sandboxes that set one.
+	Egress Egress
 	// ReapInterval is how often idle and delete-after-stop TTLs are
 	// checked (default 10 s). TTLs fire within one interval of their due time.
 	ReapInterval time.Duration

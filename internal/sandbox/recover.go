@@ -54,6 +54,9 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
 				err = c.Health(hctx)
 				cancel()
 				if err == nil {
+					err = m.egressRestore(ctx, sb, ep)
+				}
+				if err == nil {
 					m.setAgent(sb.ID, c)
 					m.watch(ctx, sb.ID, c)
 					m.restoreActivity(sb) // neither reset nor zero the idle clock

@@ -29,6 +29,9 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 	if err := validateSandboxRequest(req, lim, m.ttlUnit()); err != nil {
 		return nil, err
 	}
+	if err := m.validateEgress(req.ProxyConfig); err != nil {
+		return nil, err
+	}
 	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
 	if err != nil {
 		return nil, err
@@ -42,6 +45,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
 		DeleteAfterStopSeconds: or(req.DeleteAfterStopSeconds, lim.DefaultDeleteAfterStop),
 		RunConfig:              req.RunConfig, Token: randomHex(32), CreatedAt: now, UpdatedAt: now,
+		ProxyConfig: proxyConfigOf(req.ProxyConfig),
 	}
 	if sb.Name == "" {
 		sb.Name = "sandbox-" + randomHex(4)
@@ -146,9 +150,14 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		return fmt.Errorf("set up network: %w", err)
 	}
 	undo.Push(func(ctx context.Context) error { return m.cfg.Network.Teardown(ctx, rid) })
+	egressEnv, err := m.egressUp(ctx, sb, rootfs, ep)
+	if err != nil {
+		return err
+	}
+	undo.Push(func(ctx context.Context) error { m.egressDown(ctx, sb.ID); return nil })
 	spec := runtime.Spec{
 		ID: rid, RootFS: rootfs, AgentBinary: m.cfg.AgentBinary,
-		Env:      []string{agent.TokenEnv + "=" + sb.Token},
+		Env:      append([]string{agent.TokenEnv + "=" + sb.Token}, egressEnv...),
 		Hostname: hostname(sb), NetNS: ep.NetNS,
 		Limits: runtime.Limits{MilliCPUs: sb.VCPUs * 1000, MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
 	}
@@ -276,6 +285,7 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) error
 	if err := m.cfg.Network.Teardown(ctx, rid); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
 	}
+	m.egressDown(ctx, sb.ID)
 	if err := m.cfg.Storage.Unmount(ctx, rid); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
 	}
@@ -354,6 +364,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", sb.Name, err)
 	}
+	m.egressDown(ctx, sb.ID)
 	if err := m.cfg.Store.DeleteSandbox(ctx, sb.ID); err != nil {
 		return err
 	}

@@ -42,6 +42,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 		if sb.Status != protocol.StatusReady {
 			return nil, fmt.Errorf("sandbox %s is %s; proxy_config can only be changed while it is ready: %w", sb.Name, sb.Status, ErrInvalidRequest)
 		}
+		if err := m.SetProxyConfig(ctx, sb.ID, proxy); err != nil {
+			return nil, err
+		}
 		sb.ProxyConfig = append([]byte(nil), proxy...)
 	}
 	if req.Name != nil {

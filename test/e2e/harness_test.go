@@ -66,6 +66,8 @@ type daemon struct {
 	Client   *cubicle.Client
 	cmd      *exec.Cmd
 	logs     *syncBuffer
+	// extraArgs are appended to `cubicle serve` (see startDaemonArgs).
+	extraArgs []string
 }
 
 type syncBuffer struct {
@@ -98,10 +100,15 @@ func freePort(t testing.TB) string {
 // if empty) with the given runtime. At test end it deletes every sandbox it
 // can see and stops the daemon, so nothing leaks into the next test.
 func startDaemon(t testing.TB, runtime, dataDir string) *daemon {
+	return startDaemonArgs(t, runtime, dataDir)
+}
+
+// startDaemonArgs is startDaemon with extra `cubicle serve` flags.
+func startDaemonArgs(t testing.TB, runtime, dataDir string, extra ...string) *daemon {
 	if dataDir == "" {
 		dataDir = t.TempDir()
 	}
-	d := &daemon{t: t, runtime: runtime, dataDir: dataDir, listen: freePort(t)}
+	d := &daemon{t: t, runtime: runtime, dataDir: dataDir, listen: freePort(t), extraArgs: extra}
 	d.start()
 	t.Cleanup(func() {
 		if d.cmd == nil {
@@ -129,7 +136,8 @@ func (d *daemon) start() {
 	t := d.t
 	bin, runsc := binaries(t)
 	d.logs = &syncBuffer{}
-	d.cmd = exec.Command(bin, "serve", "--listen", d.listen, "--data-dir", d.dataDir, "--runtime", d.runtime, "--runsc", runsc)
+	args := []string{"serve", "--listen", d.listen, "--data-dir", d.dataDir, "--runtime", d.runtime, "--runsc", runsc}
+	d.cmd = exec.Command(bin, append(args, d.extraArgs...)...)
 	d.cmd.Env = append(os.Environ(), "CUBICLE_BOOTSTRAP_API_KEY="+testKey)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -129,6 +129,9 @@ type CreateSandboxRequest struct {
 	MemBytes               *int64     `json:"mem_bytes,omitempty"`
 	FSCapacityBytes        *int64     `json:"fs_capacity_bytes,omitempty"`
 	RunConfig              *RunConfig `json:"run_config,omitempty"`
+	// ProxyConfig is kept as raw JSON (spec §4.4): egress access control
+	// and header injection, enforced by the daemon's egress proxy.
+	ProxyConfig json.RawMessage `json:"proxy_config,omitempty"`
 }
 
 // UpdateSandboxRequest is the body of PATCH /boxes/{name} (spec B4). Every

@@ -1,0 +1,67 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/proxy"
+	"github.com/cubicle-dev/cubicle/internal/secrets"
+)
+
+// egressFlags configure the egress proxy (proxy_config enforcement).
+type egressFlags struct {
+	listen  string
+	caFiles []string
+	resolve []string
+}
+
+func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
+	fl.StringVar(&f.listen, "egress-listen", "0.0.0.0:0",
+		"address of the transparent egress proxy; sandboxes reach it only through the redirect of their TCP 80/443 (port 0: any free port)")
+	fl.StringSliceVar(&f.caFiles, "egress-ca-file", nil,
+		"PEM file of extra CA certificates the egress proxy trusts for upstream TLS, besides the host's (repeatable)")
+	fl.StringSliceVar(&f.resolve, "egress-resolve", nil,
+		"NAME=IPv4: resolve NAME to IPv4 in the egress proxy instead of DNS (repeatable; for tests and split-horizon setups)")
+}
+
+// newEgress starts the egress proxy and opens the workspace secrets vault.
+func newEgress(ctx context.Context, f egressFlags, dataDir string, netmgr *network.Manager, box *secrets.Box, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
+	vault, err := secrets.OpenVault(box, filepath.Join(dataDir, "workspace-secrets.json"))
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := proxy.Config{
+		Network: netmgr, CADir: filepath.Join(dataDir, "ca"), Listen: f.listen,
+		Secrets: vault, Forbidden: []netip.Prefix{netmgr.Pool()}, Logger: log,
+		Resolve: map[string]netip.Addr{},
+	}
+	for _, p := range f.caFiles {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--egress-ca-file: %w", err)
+		}
+		cfg.ExtraRootsPEM = append(cfg.ExtraRootsPEM, b...)
+		cfg.ExtraRootsPEM = append(cfg.ExtraRootsPEM, '\n')
+	}
+	for _, r := range f.resolve {
+		name, ip, ok := strings.Cut(r, "=")
+		a, err := netip.ParseAddr(ip)
+		if !ok || err != nil || !a.Is4() {
+			return nil, nil, fmt.Errorf("--egress-resolve %q: want NAME=IPv4", r)
+		}
+		cfg.Resolve[strings.ToLower(strings.TrimSuffix(name, "."))] = a
+	}
+	svc, err := proxy.New(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return svc, vault, nil
+}

@@ -1,0 +1,116 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"time"
+)
+
+// serveHTTP handles one request of a plain HTTP connection or of an
+// intercepted TLS one: it enforces the policy on the request's Host (every
+// request, not just the connection's first), injects rule headers (TLS
+// only) and forwards it over the sandbox's own transport.
+func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	m := metaFrom(r.Context())
+	if m == nil {
+		http.Error(w, "cubicle egress proxy: not a sandbox connection", http.StatusForbidden)
+		return
+	}
+	sb := m.sb
+	host := normHost(hostOnly(r.Host))
+	kind, scheme := "http", "http"
+	if m.sni != "" {
+		kind, scheme = "https", "https"
+		if host != m.sni {
+			// Requests inside a TLS connection must name the host the
+			// connection was checked (and its certificate minted) for.
+			http.Error(w, fmt.Sprintf("cubicle egress proxy: request for %s on a connection to %s", host, m.sni), http.StatusMisdirectedRequest)
+			return
+		}
+	}
+	pol := sb.policy.Load()
+	target, v := decide(pol, host, m.od)
+	ev := Event{Time: time.Now().UTC(), Kind: kind, Host: host, Dest: m.od.String(), Allowed: v.Allowed, Reason: v.Reason}
+	if !v.Allowed {
+		s.deny(sb, ev)
+		denyResponse(w, host, v.Reason)
+		return
+	}
+	var inject http.Header
+	if m.sni != "" {
+		for _, rule := range pol.RulesFor(host, r.URL.Path) {
+			ev.Rules = append(ev.Rules, rule.Name)
+			for _, h := range rule.Headers {
+				val, err := s.headerValue(r.Context(), sb, h)
+				if err != nil {
+					s.log.Warn("egress header injection failed", "sandbox", sb.id, "rule", rule.Name, "header", h.Name, "err", err)
+					http.Error(w, fmt.Sprintf("cubicle egress proxy: rule %q: %v", rule.Name, err), http.StatusBadGateway)
+					return
+				}
+				if inject == nil {
+					inject = http.Header{}
+				}
+				inject.Set(h.Name, val)
+			}
+		}
+	}
+	sb.log.add(ev, m.sni != "")
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = scheme
+			pr.Out.URL.Host = joinHostPort(target, m.od.Port())
+			pr.Out.Host = r.Host
+			for k, vs := range inject {
+				pr.Out.Header[k] = vs
+			}
+		},
+		Transport:     sb.transport,
+		FlushInterval: -1, // stream (SSE, long polls)
+		ErrorLog:      nil,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			status := http.StatusBadGateway
+			if errors.Is(err, ErrForbiddenAddr) || errors.Is(err, errDenied) {
+				status = http.StatusForbidden
+				s.deny(sb, Event{Time: time.Now().UTC(), Kind: kind, Host: host, Dest: m.od.String(), Reason: err.Error()})
+			} else if !errors.Is(err, context.Canceled) {
+				s.log.Info("egress upstream error", "sandbox", sb.id, "host", host, "err", err)
+			}
+			http.Error(w, "cubicle egress proxy: "+err.Error(), status)
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// headerValue resolves a rule header's value. Secrets are read per request
+// so a PUT of a workspace secret applies at once.
+func (s *Service) headerValue(ctx context.Context, sb *sandbox, h Header) (string, error) {
+	if h.Type != "workspace_secret" {
+		return h.Value, nil
+	}
+	if s.cfg.Secrets == nil {
+		return "", fmt.Errorf("workspace secrets are not configured")
+	}
+	v, err := s.cfg.Secrets.Secret(ctx, sb.workspace, h.Value)
+	if err != nil {
+		return "", fmt.Errorf("workspace secret %s: %w", h.Value, err)
+	}
+	return string(v), nil
+}
+
+// deny records a refused connection or request.
+func (s *Service) deny(sb *sandbox, ev Event) {
+	ev.Allowed = false
+	sb.log.add(ev, false)
+	s.log.Info("egress denied", "sandbox", sb.id, "kind", ev.Kind, "host", ev.Host, "dest", ev.Dest, "reason", ev.Reason)
+}
+
+func denyResponse(w http.ResponseWriter, host, reason string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Cubicle-Egress", "denied")
+	w.Header().Set("Connection", "close")
+	w.WriteHeader(http.StatusForbidden)
+	fmt.Fprintf(w, "cubicle egress proxy: request to %s blocked: %s (see the sandbox's proxy_config.access_control)\n", host, reason)
+}

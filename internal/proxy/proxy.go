@@ -1,0 +1,308 @@
+// Package proxy is the daemon's transparent egress proxy. It enforces a
+// sandbox's proxy_config (spec §4.4): access_control by HTTP Host and TLS
+// SNI, and header injection (credentials) for rule-matched hosts by
+// terminating TLS with a per-install CA and re-encrypting to the real
+// server.
+//
+// Traffic arrives by redirect, not by proxy settings: internal/network
+// rewrites a proxied sandbox's TCP 80/443 to the proxy's port on the host
+// side of its veth, and the proxy learns the real destination from
+// conntrack. A connection is attributed to a sandbox by its source address,
+// which the network policy guarantees (anti-spoofing on sandbox veths).
+//
+// Invariants:
+//   - The proxy dials names itself (with the host's resolver); it never
+//     trusts the sandbox's choice of IP for a name, so a forged SNI or Host
+//     cannot reach an arbitrary address. Only when a destination is allowed
+//     by its IP does the proxy dial that IP.
+//   - No dial reaches loopback, link-local, the sandbox pool or an address
+//     of the host, whatever a name resolves to.
+//   - Secret values are read at request time from the daemon's store and
+//     exist only in the daemon's memory and the upstream TLS connection.
+//     They are never sent in cleartext (plain HTTP requests are not
+//     injected) and never logged.
+//   - A sandbox's Policy is replaced whole (atomic pointer); a PATCH applies
+//     to the next request or connection.
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/network"
+)
+
+// SecretSource resolves workspace secrets by name (internal/secrets.Vault).
+type SecretSource interface {
+	Secret(ctx context.Context, workspaceID, name string) ([]byte, error)
+}
+
+// Config configures a Service. Fields left zero get defaults.
+type Config struct {
+	// Network programs the per-sandbox redirect and packet policy.
+	Network *network.Manager
+	// CADir holds the CA (<data-dir>/ca).
+	CADir string
+	// Listen is the proxy's address (default "0.0.0.0:0": an ephemeral
+	// port; only redirected sandbox flows are admitted to it).
+	Listen string
+	// ExtraRootsPEM are trusted for upstream TLS besides the system roots
+	// (daemon flag --egress-ca-file).
+	ExtraRootsPEM []byte
+	// Resolve overrides DNS for names (daemon flag --egress-resolve).
+	Resolve map[string]netip.Addr
+	// Secrets resolves workspace_secret header values.
+	Secrets SecretSource
+	// Forbidden are never dialled (the sandbox pool, typically), in
+	// addition to loopback, link-local and the host's own addresses.
+	Forbidden []netip.Prefix
+	Logger    *slog.Logger
+}
+
+// Service is the running proxy. Safe for concurrent use.
+type Service struct {
+	cfg   Config
+	ca    *CA
+	roots *x509.CertPool
+	log   *slog.Logger
+	ln    net.Listener
+	port  uint16
+	srv   *http.Server
+	conns *chanListener // connections handed to srv (plain HTTP, intercepted TLS)
+
+	mu   sync.RWMutex
+	byIP map[netip.Addr]*sandbox
+	byID map[string]*sandbox
+
+	local localAddrs
+}
+
+// sandbox is one attached sandbox's proxy state.
+type sandbox struct {
+	id, workspace string
+	netID         string // the network endpoint's id (for packet counters)
+	ip            netip.Addr
+	policy        atomic.Pointer[Policy]
+	transport     *http.Transport
+	log           eventLog
+}
+
+// New loads (or creates) the CA and starts listening. Call Close to stop.
+func New(ctx context.Context, cfg Config) (*Service, error) {
+	if cfg.Network == nil || cfg.CADir == "" {
+		return nil, fmt.Errorf("proxy: network and CA dir are required: %w", errdefs.ErrInvalid)
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "0.0.0.0:0"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	ca, err := LoadOrCreateCA(cfg.CADir)
+	if err != nil {
+		return nil, err
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil || roots == nil {
+		roots = x509.NewCertPool()
+	}
+	if len(cfg.ExtraRootsPEM) > 0 && !roots.AppendCertsFromPEM(cfg.ExtraRootsPEM) {
+		return nil, fmt.Errorf("proxy: extra roots hold no PEM certificate: %w", errdefs.ErrInvalid)
+	}
+	ln, err := net.Listen("tcp4", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: listen on %s: %w", cfg.Listen, err)
+	}
+	s := &Service{
+		cfg: cfg, ca: ca, roots: roots, log: cfg.Logger, ln: ln,
+		port:  uint16(ln.Addr().(*net.TCPAddr).Port),
+		conns: newChanListener(ln.Addr()),
+		byIP:  map[netip.Addr]*sandbox{},
+		byID:  map[string]*sandbox{},
+	}
+	s.srv = &http.Server{
+		Handler:           http.HandlerFunc(s.serveHTTP),
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ConnContext:       connContext,
+		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
+	}
+	go s.srv.Serve(s.conns)
+	go s.acceptLoop()
+	s.log.Info("egress proxy listening", "addr", ln.Addr().String())
+	return s, nil
+}
+
+// Port is the proxy's TCP port on every host-side veth address.
+func (s *Service) Port() uint16 { return s.port }
+
+// CA returns the install's CA.
+func (s *Service) CA() *CA { return s.ca }
+
+// Close stops accepting and closes idle upstream connections. Spliced
+// connections end when their peers close.
+func (s *Service) Close() error {
+	err := s.ln.Close()
+	_ = s.srv.Close()
+	s.mu.Lock()
+	for _, sb := range s.byID {
+		sb.transport.CloseIdleConnections()
+	}
+	s.mu.Unlock()
+	return err
+}
+
+// Validate parses a proxy_config without applying it.
+func (s *Service) Validate(cfg []byte) error {
+	_, err := Parse(cfg)
+	return err
+}
+
+// Attach enforces cfg (raw proxy_config; nil means none) for the sandbox id
+// of workspace at ep: it replaces the proxy's policy for the sandbox and its
+// packet-level rules. Idempotent; used at boot and on PATCH.
+func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.Endpoint, cfg []byte) error {
+	pol, err := Parse(cfg)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	sb := s.byID[id]
+	if sb == nil {
+		sb = &sandbox{id: id, workspace: workspace, ip: ep.SandboxIP}
+		sb.transport = s.newTransport(sb)
+		s.byID[id] = sb
+	}
+	if sb.ip != ep.SandboxIP {
+		delete(s.byIP, sb.ip)
+		sb.ip = ep.SandboxIP
+	}
+	s.byIP[ep.SandboxIP] = sb
+	sb.netID = ep.ID
+	sb.policy.Store(pol)
+	s.mu.Unlock()
+
+	np := network.EgressPolicy{Mode: network.EgressOpen}
+	switch pol.Mode {
+	case ModeAllow:
+		np.Mode = network.EgressAllow
+	case ModeDeny:
+		np.Mode = network.EgressDeny
+	}
+	for _, n := range pol.Nets() {
+		if n.Addr().Is4() {
+			np.Nets = append(np.Nets, n)
+		}
+	}
+	if pol.Proxied() {
+		np.ProxyPort = s.port
+	}
+	if err := s.cfg.Network.SetEgress(ep.ID, np); err != nil {
+		return fmt.Errorf("proxy: attach %s: %w", id, err)
+	}
+	s.log.DebugContext(ctx, "egress policy applied", "sandbox", id, "mode", pol.Mode.String(), "nets", len(np.Nets), "rules", len(pol.Rules), "proxied", pol.Proxied())
+	return nil
+}
+
+// Detach forgets sandbox id (its packet rules go with its network
+// endpoint). Idempotent.
+func (s *Service) Detach(ctx context.Context, id string) error {
+	s.mu.Lock()
+	sb := s.byID[id]
+	if sb != nil {
+		delete(s.byID, id)
+		if s.byIP[sb.ip] == sb {
+			delete(s.byIP, sb.ip)
+		}
+	}
+	s.mu.Unlock()
+	if sb != nil {
+		sb.transport.CloseIdleConnections()
+	}
+	return nil
+}
+
+// Log returns sandbox id's egress report (empty for a sandbox that is not
+// running): the proxy's counters and events plus the packet filter's
+// rejected-packet count.
+func (s *Service) Log(id string) Report {
+	s.mu.RLock()
+	sb := s.byID[id]
+	s.mu.RUnlock()
+	if sb == nil {
+		return Report{Mode: ModeOpen.String(), Events: []Event{}}
+	}
+	r := sb.log.report()
+	r.Mode = sb.policy.Load().Mode.String()
+	if n, err := s.cfg.Network.EgressRejected(sb.netID); err == nil {
+		r.RawIPRejected = n
+	}
+	return r
+}
+
+func (s *Service) bySource(a netip.Addr) *sandbox {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.byIP[a.Unmap()]
+}
+
+// acceptLoop hands each redirected connection to its own goroutine.
+func (s *Service) acceptLoop() {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				s.conns.Close()
+				return
+			}
+			s.log.Warn("egress proxy accept", "err", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		go s.handle(c.(*net.TCPConn))
+	}
+}
+
+// handle classifies one connection: TLS (first byte 0x16) or plain HTTP.
+func (s *Service) handle(c *net.TCPConn) {
+	peer := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
+	sb := s.bySource(peer)
+	od, err := network.OriginalDst(c)
+	local := c.LocalAddr().(*net.TCPAddr).AddrPort()
+	if sb == nil || err != nil || od.Addr().Unmap() == local.Addr().Unmap() && od.Port() == local.Port() {
+		// Not a redirected flow of an attached sandbox.
+		reset(c)
+		return
+	}
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	br := bufio.NewReaderSize(c, 4096)
+	first, err := br.Peek(1)
+	if err != nil {
+		c.Close()
+		return
+	}
+	bc := &bufConn{Conn: c, r: br}
+	if first[0] == 0x16 {
+		s.handleTLS(sb, bc, od)
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	s.conns.push(&meteredConn{Conn: bc, meta: &connMeta{sb: sb, od: od}})
+}
+
+// reset closes c with a TCP RST, so the client fails at once.
+func reset(c *net.TCPConn) {
+	_ = c.SetLinger(0)
+	_ = c.Close()
+}

@@ -1,0 +1,119 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// Egress enforces sandboxes' proxy_config (spec §4.4): access control and
+// credential injection. internal/proxy.Service implements it; the manager
+// only tells it when a sandbox's network comes and goes and when its config
+// changes, and knows nothing of how it is enforced.
+type Egress interface {
+	// Validate checks a raw proxy_config, returning errdefs.FieldErrors.
+	Validate(cfg []byte) error
+	// Attach enforces cfg (nil: none) for sandbox id of workspace on ep.
+	// Idempotent: boot, PATCH and recovery all call it.
+	Attach(ctx context.Context, id, workspace string, ep *network.Endpoint, cfg []byte) error
+	// Detach forgets sandbox id once its network is gone. Idempotent.
+	Detach(ctx context.Context, id string) error
+	// PrepareRootFS makes the root filesystem at rootfs (not yet running)
+	// trust the proxy's CA and returns environment for its processes.
+	PrepareRootFS(ctx context.Context, rootfs string) ([]string, error)
+}
+
+// hasProxyConfig reports whether raw is a proxy_config rather than absent.
+func hasProxyConfig(raw []byte) bool {
+	raw = bytes.TrimSpace(raw)
+	return len(raw) > 0 && string(raw) != "null"
+}
+
+// validateEgress checks a proxy_config against the enforcer, refusing one
+// that cannot be enforced because the daemon runs without a proxy.
+func (m *Manager) validateEgress(cfg []byte) error {
+	if !hasProxyConfig(cfg) {
+		return nil
+	}
+	if m.cfg.Egress == nil {
+		return errdefs.Field("proxy_config", "this server runs without an egress proxy")
+	}
+	return m.cfg.Egress.Validate(cfg)
+}
+
+// egressUp runs in boot between network setup and the driver: it makes
+// the rootfs trust the CA and enforces sb's proxy_config before any process
+// of the sandbox runs. It returns the environment to add to the sandbox's.
+func (m *Manager) egressUp(ctx context.Context, sb *store.Sandbox, rootfs string, ep *network.Endpoint) ([]string, error) {
+	if m.cfg.Egress == nil {
+		if hasProxyConfig(sb.ProxyConfig) {
+			return nil, fmt.Errorf("sandbox %s has a proxy_config but the server runs without an egress proxy: %w", sb.Name, errdefs.ErrUnavailable)
+		}
+		return nil, nil
+	}
+	env, err := m.cfg.Egress.PrepareRootFS(ctx, rootfs)
+	if err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	if err := m.cfg.Egress.Attach(ctx, sb.ID, sb.WorkspaceID, ep, sb.ProxyConfig); err != nil {
+		return nil, fmt.Errorf("egress: %w", err)
+	}
+	return env, nil
+}
+
+// egressDown forgets sb's egress state after its network is torn down.
+func (m *Manager) egressDown(ctx context.Context, id string) {
+	if m.cfg.Egress == nil {
+		return
+	}
+	if err := m.cfg.Egress.Detach(ctx, id); err != nil {
+		m.log.Warn("egress detach", "sandbox", id, "err", err)
+	}
+}
+
+// egressRestore re-attaches a re-adopted running sandbox after a daemon
+// restart (the proxy's state is in memory and its port may have changed).
+func (m *Manager) egressRestore(ctx context.Context, sb *store.Sandbox, ep *network.Endpoint) error {
+	if m.cfg.Egress == nil {
+		return nil
+	}
+	return m.cfg.Egress.Attach(ctx, sb.ID, sb.WorkspaceID, ep, sb.ProxyConfig)
+}
+
+// SetProxyConfig enforces cfg on sandbox id, which must be ready. It does
+// not store cfg: UpdateSandbox does, after this succeeds, so a config that
+// cannot be enforced is never recorded. Callers hold id's lock.
+func (m *Manager) SetProxyConfig(ctx context.Context, id string, cfg []byte) error {
+	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
+	if err != nil {
+		return err
+	}
+	if sb.Status != protocol.StatusReady {
+		return fmt.Errorf("sandbox %s is %s; proxy_config can only be changed while it is ready: %w", sb.Name, sb.Status, ErrInvalidRequest)
+	}
+	if err := m.validateEgress(cfg); err != nil {
+		return err
+	}
+	if m.cfg.Egress == nil {
+		return nil
+	}
+	ep, err := m.cfg.Network.Lookup(ctx, runtimeID(sb.ID))
+	if err != nil {
+		return fmt.Errorf("proxy_config of %s: %w", sb.Name, err)
+	}
+	return m.cfg.Egress.Attach(ctx, sb.ID, sb.WorkspaceID, ep, cfg)
+}
+
+// proxyConfigOf is the stored form of a create request's proxy_config: a
+// copy, or nil when absent.
+func proxyConfigOf(raw []byte) []byte {
+	if !hasProxyConfig(raw) {
+		return nil
+	}
+	return append([]byte(nil), bytes.TrimSpace(raw)...)
+}

@@ -1,0 +1,181 @@
+package secrets
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+)
+
+// Vault holds workspace secrets (the values a proxy rule names as
+// {NAME}), sealed with a Box, in one JSON file written atomically. Values
+// are write-only through the API: List returns names and times, and only
+// the egress proxy calls Secret.
+//
+// Invariant: the file holds only sealed values; each is bound to
+// "workspace-secret/<workspace>/<name>", so a value moved to another name or
+// workspace does not open.
+type Vault struct {
+	box  *Box
+	path string
+
+	mu   sync.Mutex
+	data map[string]map[string]sealedSecret // workspace → name → value
+}
+
+type sealedSecret struct {
+	Sealed    []byte    `json:"sealed"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// SecretInfo describes a stored secret without its value.
+type SecretInfo struct {
+	Name      string    `json:"name"`
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// MaxSecretBytes bounds one secret value.
+const MaxSecretBytes = 64 << 10
+
+// OpenVault loads the vault at path (created on first write) sealed by box.
+func OpenVault(box *Box, path string) (*Vault, error) {
+	v := &Vault{box: box, path: path, data: map[string]map[string]sealedSecret{}}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return v, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("secrets: read vault: %w", err)
+	}
+	if err := json.Unmarshal(b, &v.data); err != nil {
+		return nil, fmt.Errorf("secrets: parse vault %s: %w", path, err)
+	}
+	return v, nil
+}
+
+func ad(workspace, name string) string { return "workspace-secret/" + workspace + "/" + name }
+
+// Put stores value under name in workspace, replacing any earlier value.
+func (v *Vault) Put(ctx context.Context, workspace, name string, value []byte) (SecretInfo, error) {
+	if len(value) > MaxSecretBytes {
+		return SecretInfo{}, errdefs.Field("value", "must be at most %d bytes", MaxSecretBytes)
+	}
+	sealed, err := v.box.Seal(value, ad(workspace, name))
+	if err != nil {
+		return SecretInfo{}, err
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	now := time.Now().UTC()
+	ws := v.data[workspace]
+	if ws == nil {
+		ws = map[string]sealedSecret{}
+		v.data[workspace] = ws
+	}
+	old, existed := ws[name]
+	s := sealedSecret{Sealed: sealed, CreatedAt: now, UpdatedAt: now}
+	if existed {
+		s.CreatedAt = old.CreatedAt
+	}
+	ws[name] = s
+	if err := v.save(); err != nil {
+		if existed {
+			ws[name] = old
+		} else {
+			delete(ws, name)
+		}
+		return SecretInfo{}, err
+	}
+	return SecretInfo{Name: name, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}, nil
+}
+
+// Delete removes name from workspace; an unknown name is ErrNotFound.
+func (v *Vault) Delete(ctx context.Context, workspace, name string) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	old, ok := v.data[workspace][name]
+	if !ok {
+		return fmt.Errorf("secret %s: %w", name, errdefs.ErrNotFound)
+	}
+	delete(v.data[workspace], name)
+	if err := v.save(); err != nil {
+		v.data[workspace][name] = old
+		return err
+	}
+	return nil
+}
+
+// List returns workspace's secrets by name, without values.
+func (v *Vault) List(ctx context.Context, workspace string) []SecretInfo {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]SecretInfo, 0, len(v.data[workspace]))
+	for n, s := range v.data[workspace] {
+		out = append(out, SecretInfo{Name: n, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt})
+	}
+	slices.SortFunc(out, func(a, b SecretInfo) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Secret returns the value of name in workspace (ErrNotFound if unset).
+// Only the egress proxy calls it.
+func (v *Vault) Secret(ctx context.Context, workspace, name string) ([]byte, error) {
+	v.mu.Lock()
+	s, ok := v.data[workspace][name]
+	v.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("secret %s is not set: %w", name, errdefs.ErrNotFound)
+	}
+	return v.box.Open(s.Sealed, ad(workspace, name))
+}
+
+// save writes the vault atomically (temp file, fsync, rename). Callers
+// hold mu.
+func (v *Vault) save() error {
+	b, err := json.Marshal(v.data)
+	if err != nil {
+		return err
+	}
+	dir := filepath.Dir(v.path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("secrets: vault dir: %w", err)
+	}
+	f, err := os.CreateTemp(dir, ".vault-*")
+	if err != nil {
+		return fmt.Errorf("secrets: write vault: %w", err)
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("secrets: write vault: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("secrets: sync vault: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("secrets: write vault: %w", err)
+	}
+	if err := os.Rename(f.Name(), v.path); err != nil {
+		return fmt.Errorf("secrets: replace vault: %w", err)
+	}
+	return nil
+}
