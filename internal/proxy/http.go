@@ -68,7 +68,7 @@ func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 		},
 		Transport:     sb.transport,
-		FlushInterval: -1, // stream (SSE, long polls)
+		FlushInterval: 0, // ReverseProxy still flushes at once for event streams and unsized bodies
 		ErrorLog:      nil,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			status := http.StatusBadGateway

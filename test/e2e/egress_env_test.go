@@ -187,6 +187,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"sort"
 	"time"
@@ -222,10 +223,18 @@ func main() {
 	url := flag.Arg(0)
 	if *n > 0 {
 		var lat []time.Duration
+		reused := 0
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+			if i.Reused {
+				reused++
+			}
+		}}
 		start := time.Now()
 		for i := 0; i < *n; i++ {
 			t0 := time.Now()
-			resp, err := c.Get(url)
+			req, _ := http.NewRequest("GET", url, nil)
+			req.Host = *host
+			resp, err := c.Do(req.WithContext(httptrace.WithClientTrace(context.Background(), trace)))
 			if err != nil {
 				fmt.Println("ERR", err)
 				os.Exit(1)
@@ -236,7 +245,7 @@ func main() {
 		}
 		total := time.Since(start)
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-		fmt.Printf("p50_us=%d rps=%.0f\n", lat[len(lat)/2].Microseconds(), float64(*n)/total.Seconds())
+		fmt.Printf("p50_us=%d rps=%.0f reused=%d\n", lat[len(lat)/2].Microseconds(), float64(*n)/total.Seconds(), reused)
 		return
 	}
 	t0 := time.Now()
