@@ -18,6 +18,18 @@ import (
 	"github.com/google/uuid"
 )
 
+// dataplane resolves the sandbox a dataplane request names (waking it if
+// stopped) or writes the error and reports false. The caller releases the
+// returned handle.
+func (s *Server) dataplane(w http.ResponseWriter, r *http.Request) (*sandbox.Conn, bool) {
+	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(r.Context(), w, err)
+		return nil, false
+	}
+	return dp, true
+}
+
 // wsReadLimit bounds one exec frame (input or output chunks).
 const wsReadLimit = 32 << 20
 
@@ -51,9 +63,8 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		writeValidation(w, "command", "is required")
 		return
 	}
-	conn, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(r.Context(), w, err)
+	conn, ok := s.dataplane(w, r)
+	if !ok {
 		return
 	}
 	defer conn.Release()
@@ -94,9 +105,8 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 // and the sandbox's agent, which owns command sessions. The daemon only
 // rewrites the first execute frame to apply the layered run config.
 func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
-	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(r.Context(), w, err)
+	dp, ok := s.dataplane(w, r)
+	if !ok {
 		return
 	}
 	defer dp.Release()
@@ -211,9 +221,8 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(r.Context(), w, err)
+	dp, ok := s.dataplane(w, r)
+	if !ok {
 		return
 	}
 	defer dp.Release()
@@ -255,9 +264,8 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(r.Context(), w, err)
+	dp, ok := s.dataplane(w, r)
+	if !ok {
 		return
 	}
 	defer dp.Release()

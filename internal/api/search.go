@@ -49,9 +49,8 @@ func (s *Server) glob(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(r.Context(), w, err)
+	dp, ok := s.dataplane(w, r)
+	if !ok {
 		return
 	}
 	defer dp.Release()
@@ -78,9 +77,8 @@ func (s *Server) grep(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
-	if err != nil {
-		writeError(r.Context(), w, err)
+	dp, ok := s.dataplane(w, r)
+	if !ok {
 		return
 	}
 	defer dp.Release()

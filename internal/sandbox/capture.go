@@ -39,15 +39,11 @@ func (m *Manager) CaptureSnapshot(ctx context.Context, name string, req protocol
 	if err := validateCaptureRequest(req, m.cfg.Limits); err != nil {
 		return nil, err
 	}
-	sb, err := m.visible(ctx, name)
+	sb, unlock, err := m.lockVisible(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	unlock := m.lock(sb.ID)
 	defer unlock()
-	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
-		return nil, err
-	}
 	return m.capture(ctx, p.WorkspaceID, p.User, sb, req)
 }
 

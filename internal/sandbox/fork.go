@@ -107,15 +107,11 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 // the snapshot is a captured one), start. Its name, id, address, token and
 // settings are kept.
 func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*store.Sandbox, error) {
-	sb, err := m.visible(ctx, name)
+	sb, unlock, err := m.lockVisible(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	unlock := m.lock(sb.ID)
 	defer unlock()
-	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
-		return nil, err
-	}
 	if sb.Status != protocol.StatusReady && sb.Status != protocol.StatusStopped {
 		return nil, fmt.Errorf("sandbox %s is %s; only a ready or stopped sandbox can be reset: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
 	}

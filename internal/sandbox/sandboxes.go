@@ -220,6 +220,21 @@ func (m *Manager) visible(ctx context.Context, name string) (*store.Sandbox, err
 	return sb, nil
 }
 
+// lockVisible loads sandbox name for the caller, takes its lifecycle lock
+// and reloads the record under it (it may have changed while waiting). The
+// caller must call unlock.
+func (m *Manager) lockVisible(ctx context.Context, name string) (sb *store.Sandbox, unlock func(), err error) {
+	if sb, err = m.visible(ctx, name); err != nil {
+		return nil, nil, err
+	}
+	unlock = m.lock(sb.ID)
+	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
+		unlock()
+		return nil, nil, err
+	}
+	return sb, unlock, nil
+}
+
 func canSee(p auth.Principal, sb *store.Sandbox) bool {
 	return p.IsAdmin() || sb.CreatedBy == p.User
 }
@@ -255,15 +270,11 @@ func (m *Manager) ListSandboxes(ctx context.Context, o store.ListOptions) ([]*st
 // idempotence is what it expects); stopping one that is provisioning or
 // failed is a conflict.
 func (m *Manager) StopSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
-	sb, err := m.visible(ctx, name)
+	sb, unlock, err := m.lockVisible(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	unlock := m.lock(sb.ID)
 	defer unlock()
-	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
-		return nil, err
-	}
 	switch sb.Status {
 	case protocol.StatusStopped:
 		return sb, nil
@@ -345,11 +356,10 @@ func (m *Manager) wake(ctx context.Context, id string, explicit bool) error {
 
 // DeleteSandbox stops a sandbox and removes its record and all its data.
 func (m *Manager) DeleteSandbox(ctx context.Context, name string) error {
-	sb, err := m.visible(ctx, name)
+	sb, unlock, err := m.lockVisible(ctx, name)
 	if err != nil {
 		return err
 	}
-	unlock := m.lock(sb.ID)
 	defer unlock()
 	return m.destroy(ctx, sb)
 }

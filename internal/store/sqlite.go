@@ -241,6 +241,37 @@ func (s *SQLite) UpdateSnapshot(ctx context.Context, sn *Snapshot) error {
 
 type scanner interface{ Scan(dest ...any) error }
 
+// queryOne runs a query for one record of kind, named what in errors; no
+// row is ErrNotFound.
+func queryOne[T any](ctx context.Context, db *sql.DB, kind string, scan func(scanner) (T, error), what, query string, args ...any) (T, error) {
+	v, err := scan(db.QueryRowContext(ctx, query, args...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return v, fmt.Errorf("%s %s: %w", kind, what, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return v, fmt.Errorf("get %s %s: %w", kind, what, err)
+	}
+	return v, nil
+}
+
+// queryAll runs a query for every matching record of kind.
+func queryAll[T any](ctx context.Context, db *sql.DB, kind string, scan func(scanner) (T, error), query string, args ...any) ([]T, error) {
+	rows, err := db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", kind, err)
+	}
+	defer rows.Close()
+	var out []T
+	for rows.Next() {
+		v, err := scan(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list %s: %w", kind, err)
+		}
+		out = append(out, v)
+	}
+	return out, rows.Err()
+}
+
 func scanSnapshot(row scanner) (*Snapshot, error) {
 	var sn Snapshot
 	var rc, layers, created, updated string
@@ -258,25 +289,14 @@ func scanSnapshot(row scanner) (*Snapshot, error) {
 	return &sn, nil
 }
 
-func (s *SQLite) oneSnapshot(ctx context.Context, what, query string, args ...any) (*Snapshot, error) {
-	sn, err := scanSnapshot(s.db.QueryRowContext(ctx, query, args...))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("snapshot %s: %w", what, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("get snapshot %s: %w", what, err)
-	}
-	return sn, nil
-}
-
 // GetSnapshot returns the snapshot with id in workspaceID.
 func (s *SQLite) GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error) {
-	return s.oneSnapshot(ctx, id, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=? AND id=?`, workspaceID, id)
+	return queryOne(ctx, s.db, "snapshot", scanSnapshot, id, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=? AND id=?`, workspaceID, id)
 }
 
 // SnapshotByName returns the newest snapshot called name in workspaceID.
 func (s *SQLite) SnapshotByName(ctx context.Context, workspaceID, name string) (*Snapshot, error) {
-	return s.oneSnapshot(ctx, name, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=? AND name=? ORDER BY created_at DESC LIMIT 1`, workspaceID, name)
+	return queryOne(ctx, s.db, "snapshot", scanSnapshot, name, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=? AND name=? ORDER BY created_at DESC LIMIT 1`, workspaceID, name)
 }
 
 func listClause(o ListOptions) (string, []any) {
@@ -296,29 +316,12 @@ func listClause(o ListOptions) (string, []any) {
 // ListSnapshots lists a workspace's snapshots, oldest first.
 func (s *SQLite) ListSnapshots(ctx context.Context, workspaceID string, o ListOptions) ([]*Snapshot, error) {
 	clause, args := listClause(o)
-	return s.listSnapshots(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
+	return queryAll(ctx, s.db, "snapshots", scanSnapshot, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
 }
 
 // SnapshotsWithStatus lists every workspace's snapshots in status.
 func (s *SQLite) SnapshotsWithStatus(ctx context.Context, status string) ([]*Snapshot, error) {
-	return s.listSnapshots(ctx, `SELECT `+snapshotCols+` FROM snapshots WHERE status=? ORDER BY created_at`, status)
-}
-
-func (s *SQLite) listSnapshots(ctx context.Context, query string, args ...any) ([]*Snapshot, error) {
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list snapshots: %w", err)
-	}
-	defer rows.Close()
-	var out []*Snapshot
-	for rows.Next() {
-		sn, err := scanSnapshot(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list snapshots: %w", err)
-		}
-		out = append(out, sn)
-	}
-	return out, rows.Err()
+	return queryAll(ctx, s.db, "snapshots", scanSnapshot, `SELECT `+snapshotCols+` FROM snapshots WHERE status=? ORDER BY created_at`, status)
 }
 
 // DeleteSnapshot removes a snapshot record.
@@ -430,53 +433,25 @@ func scanSandbox(row scanner) (*Sandbox, error) {
 	return &sb, nil
 }
 
-func (s *SQLite) oneSandbox(ctx context.Context, what, query string, args ...any) (*Sandbox, error) {
-	sb, err := scanSandbox(s.db.QueryRowContext(ctx, query, args...))
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("sandbox %s: %w", what, errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("get sandbox %s: %w", what, err)
-	}
-	return sb, nil
-}
-
 // GetSandbox returns the sandbox called name in workspaceID.
 func (s *SQLite) GetSandbox(ctx context.Context, workspaceID, name string) (*Sandbox, error) {
-	return s.oneSandbox(ctx, name, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=? AND name=?`, workspaceID, name)
+	return queryOne(ctx, s.db, "sandbox", scanSandbox, name, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=? AND name=?`, workspaceID, name)
 }
 
 // GetSandboxByID returns the sandbox with id, in any workspace.
 func (s *SQLite) GetSandboxByID(ctx context.Context, id string) (*Sandbox, error) {
-	return s.oneSandbox(ctx, id, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id)
-}
-
-func (s *SQLite) listSandboxes(ctx context.Context, query string, args ...any) ([]*Sandbox, error) {
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list sandboxes: %w", err)
-	}
-	defer rows.Close()
-	var out []*Sandbox
-	for rows.Next() {
-		sb, err := scanSandbox(rows)
-		if err != nil {
-			return nil, fmt.Errorf("list sandboxes: %w", err)
-		}
-		out = append(out, sb)
-	}
-	return out, rows.Err()
+	return queryOne(ctx, s.db, "sandbox", scanSandbox, id, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id)
 }
 
 // ListSandboxes lists a workspace's sandboxes, oldest first.
 func (s *SQLite) ListSandboxes(ctx context.Context, workspaceID string, o ListOptions) ([]*Sandbox, error) {
 	clause, args := listClause(o)
-	return s.listSandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
+	return queryAll(ctx, s.db, "sandboxes", scanSandbox, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
 }
 
 // AllSandboxes lists every sandbox of every workspace.
 func (s *SQLite) AllSandboxes(ctx context.Context) ([]*Sandbox, error) {
-	return s.listSandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at`)
+	return queryAll(ctx, s.db, "sandboxes", scanSandbox, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at`)
 }
 
 // CountSandboxesUsingSnapshot counts sandboxes booted from snapshot id.
