@@ -1,0 +1,126 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestConformance runs test/conformance/conformance.mjs, the protocol
+// conformance suite, with the unmodified official client against a gvisor
+// daemon: once with `ws` installed (WebSocket exec, streaming, PTY,
+// reconnects) and once without (HTTP POST /execute; WS-only methods must
+// throw the client's "requires the 'ws' package" error).
+//
+// The idle-TTL and delete-after-stop checks wait for the protocol's 60 s
+// unit; they run only in the websocket pass and not with -short. Set
+// CONFORMANCE_ONLY=<regexp> to run a subset of the checks.
+func TestConformance(t *testing.T) {
+	ref := testImage(t)
+	// The reaper enforces idle_ttl_seconds / delete_after_stop_seconds; a
+	// short interval keeps the TTL checks near their 60 s minimum.
+	t.Setenv("CUBICLE_REAP_INTERVAL", "2s")
+	d := startDaemon(t, "gvisor", "")
+	script := filepath.Join(repoRoot(t), "test", "conformance", "conformance.mjs")
+	for _, tc := range []struct {
+		name string
+		ws   bool
+		path string
+		slow bool
+	}{
+		{"websocket", true, "exec-path=websocket", !testing.Short()},
+		{"http", false, "exec-path=http", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := npmDir(t, tc.ws)
+			data, err := os.ReadFile(script)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dst := filepath.Join(dir, "conformance.mjs")
+			if err := os.WriteFile(dst, data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, "node", dst)
+			cmd.Dir = dir
+			slow := "0"
+			if tc.slow {
+				slow = "1"
+			}
+			if v, ok := os.LookupEnv("CONFORMANCE_SLOW"); ok {
+				slow = v
+			}
+			cmd.Env = append(os.Environ(),
+				"LANGSMITH_ENDPOINT="+d.Endpoint,
+				"LANGSMITH_API_KEY="+testKey,
+				"CONFORMANCE_IMAGE="+ref,
+				"CONFORMANCE_SLOW="+slow,
+			)
+			out := &lineLogger{t: t}
+			cmd.Stdout, cmd.Stderr = out, out
+			runErr := cmd.Run()
+			out.flush()
+			text := out.String()
+			if !strings.Contains(text, tc.path) {
+				t.Errorf("suite did not run over %s", tc.path)
+			}
+			if runErr != nil || !strings.Contains(text, "CONFORMANCE PASSED") {
+				var fails []string
+				for _, l := range strings.Split(text, "\n") {
+					if strings.HasPrefix(l, "FAIL ") {
+						fails = append(fails, l)
+					}
+				}
+				t.Fatalf("conformance over %s failed (%v): %d failing check(s):\n%s", tc.path, runErr, len(fails), strings.Join(fails, "\n"))
+			}
+		})
+	}
+}
+
+// lineLogger sends a child's output to t.Log line by line as it arrives
+// (so `go test -v` shows progress) and keeps all of it.
+type lineLogger struct {
+	t       *testing.T
+	mu      sync.Mutex
+	all     bytes.Buffer
+	pending []byte
+}
+
+func (l *lineLogger) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.all.Write(p)
+	l.pending = append(l.pending, p...)
+	for {
+		i := bytes.IndexByte(l.pending, '\n')
+		if i < 0 {
+			break
+		}
+		l.t.Log(string(l.pending[:i]))
+		l.pending = l.pending[i+1:]
+	}
+	return len(p), nil
+}
+
+func (l *lineLogger) flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.pending) > 0 {
+		l.t.Log(string(l.pending))
+		l.pending = nil
+	}
+}
+
+func (l *lineLogger) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.all.String()
+}
