@@ -105,6 +105,13 @@ func (c *Client) Health(ctx context.Context) error {
 	return checkStatus(resp, http.StatusOK)
 }
 
+// MemGuard returns the OOM guard's state and kill counter.
+func (c *Client) MemGuard(ctx context.Context) (MemGuardStats, error) {
+	var st MemGuardStats
+	err := c.getJSON(ctx, http.MethodGet, "/v1/memguard", nil, nil, &st)
+	return st, err
+}
+
 // WaitReady polls Health every interval until it succeeds or ctx ends. It is
 // on the sandbox-create hot path: use a small interval (2–5 ms).
 func (c *Client) WaitReady(ctx context.Context, interval time.Duration) error {

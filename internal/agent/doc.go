@@ -11,6 +11,7 @@
 // The agent's HTTP API (every request needs TokenHeader):
 //
 //	GET  /v1/health                 {"ok":true}
+//	GET  /v1/memguard               MemGuardStats: the OOM guard's state and kills
 //	GET  /v1/exec                   WebSocket, spec §6 frames (plus "resize")
 //	GET  /v1/files?path=            file bytes; Range, If-Range, If-None-Match
 //	HEAD /v1/files?path=            size, strong ETag, Last-Modified
@@ -18,6 +19,11 @@
 //	GET  /v1/stat?path=             FileInfo
 //	POST /v1/glob                   GlobRequest → GlobResult (spec D7)
 //	POST /v1/grep                   GrepRequest → GrepResult (spec D8)
+//
+// With MemLimitEnv set (the gvisor driver sets it from the sandbox's memory
+// limit) the agent also runs an OOM guard: gVisor has no OOM killer, so the
+// agent kills the biggest process when the sandbox's memory nears the limit,
+// before the host cgroup would kill the whole sandbox (see memGuard).
 //
 // Errors use the protocol's {"detail":{"error","message"}} body, so the
 // daemon can relay them unchanged.

@@ -37,6 +37,10 @@ type Server struct {
 	baseEnv  []string
 	root     string
 	mux      *http.ServeMux
+	memLimit int64
+	guard    *memGuard
+	// closeGuard releases the guard's meter.
+	closeGuard func()
 }
 
 // Option configures a Server.
@@ -58,6 +62,11 @@ func WithReapAll() Option { return func(s *Server) { s.reaper = newReaper(true) 
 // for replay (default 16 MiB).
 func WithOutputBuffer(n int) Option { return func(s *Server) { s.sessions = newSessionTable(n) } }
 
+// WithMemLimit turns on the OOM guard for a sandbox limited to limit bytes
+// (see memGuard); call GuardMemory to run it. It stays off, and says why in
+// GET /v1/memguard, when /proc/meminfo does not describe the sandbox.
+func WithMemLimit(limit int64) Option { return func(s *Server) { s.memLimit = limit } }
+
 // NewServer returns a Server accepting only requests bearing token.
 func NewServer(token string, opts ...Option) (*Server, error) {
 	if token == "" {
@@ -74,8 +83,11 @@ func NewServer(token string, opts ...Option) (*Server, error) {
 	for _, o := range opts {
 		o(s)
 	}
+	s.guard, s.closeGuard = newMemGuard(s.memLimit, s.log)
+	s.guard.onKill = s.noteOOMKill
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /v1/health", s.handleHealth)
+	s.mux.HandleFunc("GET /v1/memguard", s.handleMemGuard)
 	s.mux.HandleFunc("GET /v1/exec", s.handleExec)
 	s.mux.HandleFunc("GET /v1/files", s.handleReadFile) // also serves HEAD
 	s.mux.HandleFunc("PUT /v1/files", s.handleWriteFile)
@@ -99,8 +111,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // WithReapAll.
 func (s *Server) Reap(ctx context.Context) { s.reaper.run(ctx) }
 
-// Close kills every running command.
-func (s *Server) Close() { s.sessions.killAll() }
+// GuardMemory runs the OOM guard until ctx ends; a no-op unless
+// WithMemLimit enabled it.
+func (s *Server) GuardMemory(ctx context.Context) { s.guard.run(ctx) }
+
+// Close kills every running command and releases the guard.
+func (s *Server) Close() {
+	s.sessions.killAll()
+	s.closeGuard()
+}
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
@@ -114,7 +133,8 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	pid1 := os.Getpid() == 1
-	opts := []Option{WithLogger(log), WithBaseEnv(withoutVar(os.Environ(), TokenEnv))}
+	env := withoutVar(withoutVar(os.Environ(), TokenEnv), MemLimitEnv)
+	opts := []Option{WithLogger(log), WithBaseEnv(env), WithMemLimit(parseMemLimit(os.Getenv(MemLimitEnv)))}
 	if pid1 {
 		opts = append(opts, WithReapAll())
 		if err := ensureTmp(); err != nil {
@@ -128,6 +148,7 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go srv.Reap(ctx)
+	go srv.GuardMemory(ctx)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("agent: listen %s: %w", addr, err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -191,6 +192,22 @@ func (s *session) resize(rows, cols int) error {
 		return nil
 	}
 	return setWinsize(s.proc.pty, uint16(rows), uint16(cols))
+}
+
+// notice appends msg to the command's stderr (its terminal under a PTY)
+// unless the session is done, whose output never changes.
+func (s *session) notice(msg string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return
+	}
+	i := streamStderr
+	if s.proc.pty != nil {
+		i, msg = streamStdout, strings.ReplaceAll(msg, "\n", "\r\n")
+	}
+	s.out[i].write([]byte(msg))
+	s.broadcastLocked()
 }
 
 // kill sends SIGKILL to the command's whole process group.

@@ -94,6 +94,24 @@ func (t *sessionTable) expire(s *session) {
 	t.expired[s.id] = now
 }
 
+// byGroup returns the running session whose command leads process group
+// pgid or session sid, or nil.
+func (t *sessionTable) byGroup(sid, pgid int) *session {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, s := range t.live {
+		select {
+		case <-s.ready:
+		default:
+			continue
+		}
+		if s.startErr == nil && s.proc != nil && (s.proc.pid == pgid || s.proc.pid == sid) {
+			return s
+		}
+	}
+	return nil
+}
+
 // killAll kills every running command (agent shutdown).
 func (t *sessionTable) killAll() {
 	t.mu.Lock()

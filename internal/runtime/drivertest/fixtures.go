@@ -287,10 +287,16 @@ func (s *Sandbox) Launch(tb testing.TB, d runtime.Driver) {
 // exit code; transport errors fail tb.
 func (s *Sandbox) Exec(tb testing.TB, command string) (stdout, stderr string, code int) {
 	tb.Helper()
+	return s.ExecShell(tb, "/bin/sh", command)
+}
+
+// ExecShell is Exec with another shell, e.g. /bin/bash.
+func (s *Sandbox) ExecShell(tb testing.TB, shell, command string) (stdout, stderr string, code int) {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var o, e bytes.Buffer
-	code, err := s.Client.Exec(ctx, protocol.ExecFrame{Command: command, Shell: "/bin/sh"}, &o, &e)
+	code, err := s.Client.Exec(ctx, protocol.ExecFrame{Command: command, Shell: shell}, &o, &e)
 	if err != nil {
 		tb.Fatalf("exec %q: %v (stdout %q stderr %q)", command, err, o.String(), e.String())
 	}

@@ -12,6 +12,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -87,7 +88,7 @@ func ociSpec(bundleDir string, spec runtime.Spec) *specs.Spec {
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
 			Args: []string{runtime.AgentMountPath, "agent"},
-			Env:  spec.Env,
+			Env:  agentEnv(spec),
 			Cwd:  "/",
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding:  caps,
@@ -110,6 +111,17 @@ func ociSpec(bundleDir string, spec runtime.Spec) *specs.Spec {
 			},
 		},
 	}
+}
+
+// agentEnv is PID 1's environment: spec.Env plus the memory limit, which
+// turns on the agent's OOM guard (gVisor has no OOM killer of its own; see
+// hostMemLimit).
+func agentEnv(spec runtime.Spec) []string {
+	env := append([]string(nil), spec.Env...)
+	if spec.Limits.MemBytes > 0 {
+		env = append(env, fmt.Sprintf("%s=%d", agent.MemLimitEnv, spec.Limits.MemBytes))
+	}
+	return env
 }
 
 // mounts lists the sandbox's mounts. runsc supplies /dev itself; the
@@ -144,6 +156,8 @@ func rlimits(l runtime.Limits) []specs.POSIXRlimit {
 }
 
 // resources turns Limits into OCI cgroup resources; zero fields stay unset.
+// Memory is the sandbox's own limit, which runsc reports as MemTotal inside;
+// Start then raises the host cgroup to hostMemLimit.
 func resources(l runtime.Limits) *specs.LinuxResources {
 	r := &specs.LinuxResources{}
 	if l.MemBytes > 0 {

@@ -24,6 +24,44 @@ func cgroupDirs(id string) []string {
 	return v1
 }
 
+// hostMemLimit is the host memory cgroup limit of a sandbox limited to
+// memBytes. The sandbox's own limit is enforced inside by the agent's OOM
+// guard, which kills the biggest process the way the kernel would; the host
+// limit is the backstop that kills the whole sandbox (Sentry included).
+//
+// The headroom covers what the Sentry and gofer use besides the sandbox's
+// memory (about 25 MiB idle here) and, mostly, memory committed inside one
+// system call, which no poller can interrupt: reading 256 MiB from
+// /dev/zero into a fresh buffer commits all of it before the guard's
+// SIGKILL takes effect (the kernel, by contrast, charges page by page).
+// 256 MiB plus a quarter of memBytes lets such a single allocation of up to
+// about 200 MiB beyond the limit end in a normal OOM kill; a bigger one
+// still takes the whole sandbox down.
+func hostMemLimit(memBytes int64) int64 {
+	return memBytes + 256<<20 + memBytes/4
+}
+
+// raiseMemLimit sets sandbox id's host memory limit to limit. runsc is
+// started with the sandbox's own limit, from which it sizes the sandbox
+// (MemTotal in /proc/meminfo is the cgroup limit runsc sees at boot); the
+// headroom is added once the sandbox is running.
+func raiseMemLimit(id string, limit int64) error {
+	v := strconv.FormatInt(limit, 10)
+	for _, f := range []string{
+		filepath.Join(cgroupRoot, "memory", "cubicle", id, "memory.limit_in_bytes"), // v1
+		filepath.Join(cgroupRoot, "cubicle", id, "memory.max"),                      // v2
+	} {
+		if _, err := os.Stat(f); err != nil {
+			continue
+		}
+		if err := os.WriteFile(f, []byte(v), 0o644); err != nil {
+			return fmt.Errorf("raise host memory limit: %w", err)
+		}
+		return nil
+	}
+	return fmt.Errorf("raise host memory limit: no memory cgroup for sandbox %s", id)
+}
+
 // removeCgroups kills whatever is left in sandbox id's cgroups and removes
 // them. runsc delete normally does this, but when the Sentry has died
 // abruptly (host OOM kill) its gofer or stubs can outlive the delete and

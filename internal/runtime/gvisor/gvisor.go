@@ -185,6 +185,11 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 	if err := d.runDetached(ctx, spec.ID, dir); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
+	if spec.Limits.MemBytes > 0 {
+		if err := raiseMemLimit(spec.ID, hostMemLimit(spec.Limits.MemBytes)); err != nil {
+			return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+		}
+	}
 	undo.Release()
 	return nil
 }

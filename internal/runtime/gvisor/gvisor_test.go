@@ -221,10 +221,14 @@ func TestEscape(t *testing.T) {
 	}
 }
 
-// TestMemoryLimit documents what MemBytes does under gVisor: a process
-// within the limit runs; one past it makes the host memory cgroup OOM-kill
-// the Sentry, so that whole sandbox dies (gVisor has no in-sandbox OOM
-// killer) and is reported not running, while other sandboxes carry on.
+// TestMemoryLimit documents the host backstop behind MemBytes. The stand-in
+// agent runs no OOM guard (the real agent does; see drivertest's
+// MemoryHogIsKilled), so this is what happens when the guard cannot act in
+// time, e.g. one system call that commits more than hostMemLimit's
+// headroom: a process within the limit runs; one far past it makes the
+// host memory cgroup OOM-kill the Sentry, so that whole sandbox dies and is
+// reported not running, while other sandboxes carry on. MemTotal inside is
+// still the sandbox's own limit, not the host cgroup's.
 func TestMemoryLimit(t *testing.T) {
 	ctx := context.Background()
 	d := newDriver(t)
@@ -238,7 +242,7 @@ func TestMemoryLimit(t *testing.T) {
 		t.Errorf("128 MiB under a 256 MiB limit: %q", got)
 	}
 	// The response never comes: the Sentry (and its netstack) is killed.
-	s.tryGet("/sh", url.Values{"c": {runtime.AgentMountPath + " hog 512"}}, 3*time.Second)
+	s.tryGet("/sh", url.Values{"c": {runtime.AgentMountPath + " hog 1024"}}, 3*time.Second)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ok, err := d.Running(ctx, s.id)

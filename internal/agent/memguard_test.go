@@ -1,0 +1,149 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeProc writes a /proc-like tree: pid → (comm, state, rss pages, adj).
+func fakeProc(t *testing.T, procs map[int]struct {
+	comm  string
+	state byte
+	pages int64
+	adj   int
+}) string {
+	t.Helper()
+	dir := t.TempDir()
+	for pid, p := range procs {
+		d := filepath.Join(dir, fmt.Sprint(pid))
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(filepath.Join(d, "stat"), fmt.Appendf(nil, "%d (%s) %c 1 %d %d 0 -1", pid, p.comm, p.state, pid, pid), 0o644)
+		os.WriteFile(filepath.Join(d, "statm"), fmt.Appendf(nil, "1000 %d 0 0 0 0 0\n", p.pages), 0o644)
+		os.WriteFile(filepath.Join(d, "oom_score_adj"), fmt.Appendf(nil, "%d\n", p.adj), 0o644)
+	}
+	return dir
+}
+
+func TestMemGuardKillsLargestOverThreshold(t *testing.T) {
+	type p = struct {
+		comm  string
+		state byte
+		pages int64
+		adj   int
+	}
+	page := int64(os.Getpagesize())
+	mib := (1 << 20) / page
+	dir := fakeProc(t, map[int]p{
+		1:  {"cubicle", 'S', 200 * mib, 0}, // PID 1: never
+		5:  {"sleep", 'S', 10 * mib, 0},    //
+		7:  {"db", 'S', 60 * mib, -1000},   // exempt
+		9:  {"dd (x)", 'R', 40 * mib, 0},   // the victim
+		11: {"zombie", 'Z', 100 * mib, 0},  // already dead
+		13: {"kthread", 'S', 0, 0},         // no memory
+		42: {"self", 'S', 300 * mib, 0},    // the agent itself
+	})
+	var mu sync.Mutex
+	var killed []int
+	var noted []*MemGuardKill
+	g := &memGuard{
+		limit: 64 << 20, threshold: GuardThreshold(64 << 20),
+		fast: time.Millisecond, slow: time.Millisecond,
+		procDir: dir, self: 42,
+		log:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+		kill: func(pid int) error { mu.Lock(); killed = append(killed, pid); mu.Unlock(); return nil },
+		onKill: func(k *MemGuardKill, sid, pgid int) {
+			if sid != 9 || pgid != 9 {
+				t.Errorf("victim sid/pgid = %d/%d", sid, pgid)
+			}
+			noted = append(noted, k)
+		},
+		usage: func() (int64, error) { return 70 << 20, nil },
+	}
+	g.pids = func() ([]int, error) { return listPIDs(dir) }
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	g.run(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(killed) == 0 || killed[0] != 9 {
+		t.Fatalf("killed %v, want 9 (largest non-exempt live process) first", killed)
+	}
+	if noted[0].Comm != "dd (x)" || noted[0].RSSBytes != 40<<20 {
+		t.Errorf("kill record %+v", noted[0])
+	}
+	if st := g.Stats(); st.Kills != int64(len(killed)) || st.LastKill == nil {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestMemGuardQuietUnderThresholdOrWithSmallProcesses(t *testing.T) {
+	dir := fakeProc(t, map[int]struct {
+		comm  string
+		state byte
+		pages int64
+		adj   int
+	}{5: {"sh", 'S', 100, 0}})
+	for name, usage := range map[string]int64{
+		"under threshold": 60 << 20,
+		// meminfo high but processes small: memory being released.
+		"releasing": 64 << 20,
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := &memGuard{
+				limit: 64 << 20, threshold: GuardThreshold(64 << 20),
+				fast: time.Millisecond, slow: time.Millisecond, procDir: dir,
+				log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+				kill:  func(pid int) error { t.Errorf("killed %d", pid); return nil },
+				usage: func() (int64, error) { return usage, nil },
+			}
+			g.pids = func() ([]int, error) { return listPIDs(dir) }
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+			defer cancel()
+			g.run(ctx)
+			if st := g.Stats(); st.Polls == 0 || st.Kills != 0 {
+				t.Errorf("stats %+v", st)
+			}
+		})
+	}
+}
+
+func TestMemGuardDisabledWhenMeminfoIsTheHosts(t *testing.T) {
+	// On a host /proc/meminfo describes the machine, not a 64 MiB sandbox.
+	g, closeFn := newMemGuard(64<<20, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer closeFn()
+	if st := g.Stats(); st.Enabled || st.Reason == "" {
+		t.Errorf("stats %+v, want disabled with a reason", st)
+	}
+	g2, closeFn2 := newMemGuard(0, nil)
+	defer closeFn2()
+	if st := g2.Stats(); st.Enabled {
+		t.Errorf("enabled without a limit: %+v", st)
+	}
+	g2.run(context.Background()) // returns at once
+}
+
+func TestMemGuardEndpoint(t *testing.T) {
+	c, _, _ := startAgent(t, WithMemLimit(64<<20))
+	st, err := c.MemGuard(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Enabled {
+		t.Errorf("guard enabled on the host: %+v", st)
+	}
+}
+
+func TestParseMemLimit(t *testing.T) {
+	for in, want := range map[string]int64{"": 0, "x": 0, "-5": 0, "67108864": 64 << 20, " 42\n": 42} {
+		if got := parseMemLimit(in); got != want {
+			t.Errorf("parseMemLimit(%q) = %d, want %d", in, got, want)
+		}
+	}
+}
