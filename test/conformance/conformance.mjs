@@ -500,6 +500,10 @@ await check("sandbox: accessDelegation EXPLICIT without permissions → LangSmit
   await expectError(() => client.createSandbox("x", { accessDelegation: { mode: "EXPLICIT" } }), LangSmithValidationError);
 });
 
+await check("sandbox: createSandbox({snapshotName: unknown}) → LangSmithResourceNotFoundError", async () => {
+  await expectError(() => client.createSandbox({ name: `${P}-nosnapname`, snapshotName: `${P}-no-such-snapshot` }), LangSmithResourceNotFoundError);
+});
+
 await check("sandbox: createSandbox(unknown snapshot id) → LangSmithResourceNotFoundError", async () => {
   await expectError(() => client.createSandbox(randomUUID(), { name: `${P}-nosnap` }), LangSmithResourceNotFoundError);
 });
@@ -1015,6 +1019,95 @@ await check(wsOnly("reconnect: raw protocol — execute, drop, reconnect frame w
   s3.close(1000);
 });
 
+await check(wsOnly("stream: multi-byte UTF-8 never split across frames; byte offsets; drop + resume"), async () => {
+  const sb = requires(main, "main sandbox");
+  if (MODE === "http") return expectNeedsWs(() => sb.run("true", { wait: false }));
+  const n = 30000;
+  const expected = "é✓😀".repeat(n); // 2+3+4 bytes, no newlines
+  const h = await sb.run(`for i in $(seq 1 ${n}); do printf 'é✓😀'; done`, { wait: false });
+  let dropped = false, off = 0;
+  const got = await drain(h, (c, acc) => {
+    assert(!c.data.includes("\uFFFD"), `replacement character in a chunk at offset ${c.offset}`);
+    if (!dropped && acc.stdout.length > 20000) { dropped = true; h._control._ws.terminate(); }
+  });
+  for (const c of got.chunks) { eq(c.offset, off, "chunk offset"); off += utf8len(c.data); }
+  assert(dropped, "dropped once");
+  eq(got.stdout.length, expected.length, "length in UTF-16 units");
+  assert(got.stdout === expected, "content");
+  eq(off, 9 * n, "byte count");
+});
+
+await check("run: invalid UTF-8 output does not break the command", async () => {
+  const r = await requires(main, "main sandbox").run("printf 'a\\377\\376b\\n'; echo ok >&2");
+  eq([r.exit_code, r.stderr], [0, "ok\n"], "exit/stderr");
+  assert(r.stdout.startsWith("a") && r.stdout.endsWith("b\n"), `stdout ${JSON.stringify(r.stdout)}`);
+  return `stdout=${JSON.stringify(r.stdout)}`;
+});
+
+await check(wsOnly("stream: 1 MiB of stdin through sendInput"), async () => {
+  const sb = requires(main, "main sandbox");
+  if (MODE === "http") return expectNeedsWs(() => sb.run("wc -c", { wait: false, closeInput: false }));
+  const h = await sb.run("wc -c", { wait: false, closeInput: false });
+  const chunk = "x".repeat(64 * 1024);
+  for (let i = 0; i < 16; i++) h.sendInput(chunk);
+  h.closeInput();
+  eq((await h.result).stdout.trim(), String(16 * 64 * 1024), "bytes counted");
+});
+
+await check("run: 8 concurrent commands on one sandbox", async () => {
+  const sb = requires(main, "main sandbox");
+  const rs = await Promise.all(Array.from({ length: 8 }, (_, i) => sb.run(`sleep 0.3; echo c${i}; echo e${i} >&2; exit ${i}`)));
+  rs.forEach((r, i) => eq(r, { stdout: `c${i}\n`, stderr: `e${i}\n`, exit_code: i }, `command ${i}`));
+});
+
+await check("run: HOME/PATH/USER follow the run_config user", async () => {
+  const sb = requires(main, "main sandbox");
+  const root = await sb.run('echo "$HOME|${PATH:+path}"');
+  eq(root.stdout, "/root|path\n", "root");
+  const app = await sb.run('echo "$HOME|${PATH:+path}"', { runConfig: { user: "app" } });
+  eq(app.stdout, "/home/app|path\n", "app");
+});
+
+await check("dataplane: wrong API key → LangSmithSandboxError on HTTP; LangSmithSandboxConnectionError on WS", async () => {
+  const sb = requires(main, "main sandbox");
+  const bad = new SandboxClient({ apiKey: "wrong-key", maxRetries: 0 });
+  const impostor = new Sandbox({ name: sb.name, id: sb.id, dataplane_url: sb.dataplane_url, status: "ready" }, bad);
+  const e1 = await expectError(() => impostor.read("/etc/hostname"), LangSmithSandboxError);
+  assert(!(e1 instanceof LangSmithResourceNotFoundError), `read: ${fmtErr(e1)}`);
+  await expectError(() => impostor.write("/tmp/impostor", "x"), LangSmithSandboxError);
+  if (MODE === "ws") {
+    const e = await expectError(() => impostor.run("echo no"), L.LangSmithSandboxConnectionError);
+    assert(!(e instanceof L.LangSmithSandboxRetryableConnectionError), `WS 401 must not be retryable: ${fmtErr(e)}`);
+  } else {
+    await expectError(() => impostor.run("echo no"), LangSmithSandboxError);
+  }
+  eq((await sb.run("test -e /tmp/impostor && echo written || echo absent")).stdout, "absent\n", "no write happened");
+});
+
+await check("dataplane: unknown sandbox id → NotFound (HTTP) / LangSmithSandboxConnectionError (WS)", async () => {
+  const sb = requires(main, "main sandbox");
+  const ghost = new Sandbox({ name: "ghost", dataplane_url: sb.dataplane_url.replace(sb.id, randomUUID()), status: "ready" }, client);
+  await expectError(() => ghost.read("/etc/hostname"), LangSmithResourceNotFoundError);
+  if (MODE === "ws") await expectError(() => ghost.run("true"), L.LangSmithSandboxConnectionError);
+  else await expectError(() => ghost.run("true"), LangSmithResourceNotFoundError);
+});
+
+await check(wsOnly("stream: command ids are scoped per sandbox (reconnect from another sandbox → CommandNotFound)"), async () => {
+  const sb = requires(main, "main sandbox");
+  if (MODE === "http") return expectNeedsWs(() => sb.run("true", { wait: false }));
+  const h = await sb.run("echo mine", { wait: false });
+  await h.result;
+  const sb2 = await newSandbox(snap.id, { name: `${P}-scope` });
+  try {
+    const r = await sb2.reconnect(h.commandId);
+    const e = await expectError(() => r.result, LangSmithSandboxOperationError);
+    eq(e.errorType, "CommandNotFound", "errorType");
+  } finally {
+    await sb2.delete().catch(() => {});
+    sandboxesToDelete.delete(sb2.name);
+  }
+});
+
 // PTY
 await check(wsOnly("pty: tty prints /dev/pts/N"), async () => {
   const sb = requires(main, "main sandbox");
@@ -1442,8 +1535,11 @@ await check(wsOnly("lifecycle: stopping a sandbox ends an attached stream (no ha
     if (!stopped && c.data.includes("up")) { stopped = true; await client.stopSandbox(OTHER); }
   }).then((r) => `ended: ${safeJSON(r.stdout)}`, (e) => `threw ${fmtErr(e)}`);
   assert(Date.now() - t0 < 45_000, `stream ended after ${Date.now() - t0} ms`);
+  // Not asserted (the spec lets a dataplane call wake a sandbox), but worth
+  // seeing: if the client's auto-reconnect woke the sandbox, the stop was undone.
+  const after = (await client.listSandboxes()).find((s) => s.name === OTHER)?.status;
   await sb.start({ timeout: 120 });
-  return outcome;
+  return `${outcome}; status after the stream ended: ${after}`;
 });
 
 // ===========================================================================
@@ -1473,6 +1569,23 @@ await check("download-url: generateDownloadURL → link serves the file (GET, HE
   assert(bad.status === 401 || bad.status === 403 || bad.status === 404, `tampered token → ${bad.status}`);
 });
 
+await check("download-url: a link wakes a stopped sandbox", async () => {
+  const sb = requires(other, "second sandbox");
+  await sb.write("/root/wake.txt", "awake");
+  let link;
+  try {
+    link = await sb.generateDownloadURL("/root/wake.txt");
+  } catch (e) { maybeNotImplemented(e, "POST /boxes/{name}/download-url"); }
+  await sb.stop();
+  const r = await fetch(link.download_url);
+  eq([r.status, await r.text()], [200, "awake"], "GET on a stopped sandbox");
+  eq((await client.getSandboxStatus(OTHER)).status, "ready", "woken");
+});
+
+await check("download-url: unknown sandbox → LangSmithResourceNotFoundError", async () => {
+  await expectError(() => client.generateDownloadURL(`${P}-nope`, "/etc/hostname"), LangSmithResourceNotFoundError);
+});
+
 await check("download-url: expiresInSeconds 0 → LangSmithValidationError (client-side)", async () => {
   await expectError(() => client.generateDownloadURL(MAIN, "/tmp/x", { expiresInSeconds: 0 }), LangSmithValidationError);
 });
@@ -1493,6 +1606,15 @@ await check("service-url: serviceUrl(token mode) → fetch reaches an HTTP serve
   eq([r.status, await r.text()], [200, "served from sandbox"], "fetch via token");
   const anon = await fetch(`${(await su.serviceUrl()).replace(/\/$/, "")}/index.html`);
   assert(anon.status === 401 || anon.status === 403, `no token → ${anon.status}`);
+});
+
+await check("service-url: token mode on a port with a login grant → 409 LangSmithSandboxError", async () => {
+  requires(main, "main sandbox");
+  try {
+    await client.serviceUrl(MAIN, { port: 8083, access: "workspace" });
+  } catch (e) { maybeNotImplemented(e, "login-mode service URL"); }
+  const e = await expectError(() => client.serviceUrl(MAIN, { port: 8083 }), LangSmithSandboxError, { exact: true });
+  return e.message;
 });
 
 await check("service-url: port out of range / expiresInSeconds with access → LangSmithValidationError (client-side)", async () => {
@@ -1526,6 +1648,28 @@ await check("capture: captureSnapshot from a sandbox → new sandbox sees its fi
   eq((await sb2.run("cat /opt/captured.txt")).stdout, `captured ${RUN}`, "file in new sandbox");
   await sb2.delete();
   sandboxesToDelete.delete(sb2.name);
+});
+
+await check("capture: captureSnapshot of a stopped sandbox with runConfig layered on top", async () => {
+  const sb = requires(other, "second sandbox");
+  requires(captured, "captureSnapshot");
+  await sb.write("/opt/stopped-capture.txt", "from stopped");
+  await sb.stop();
+  const s2 = await client.captureSnapshot(OTHER, `${P}-captured-stopped`, { timeout: 300, runConfig: { work_dir: "/opt", env_vars: { CAPTURED: "1" } } });
+  snapshotsToDelete.add(s2.id);
+  eq(s2.status, "ready", "status");
+  eq([s2.run_config?.work_dir, s2.run_config?.env_vars?.CAPTURED], ["/opt", "1"], "run_config");
+  const sb3 = await newSandbox(s2.id, { name: `${P}-from-stopped` });
+  eq((await sb3.run('pwd; echo "$CAPTURED"; cat stopped-capture.txt')).stdout, "/opt\n1\nfrom stopped", "new sandbox");
+  await sb3.delete();
+  sandboxesToDelete.delete(sb3.name);
+  await client.deleteSnapshot(s2.id);
+  snapshotsToDelete.delete(s2.id);
+});
+
+await check("capture: captureSnapshot of an unknown sandbox → LangSmithResourceNotFoundError", async () => {
+  requires(captured, "captureSnapshot");
+  await expectError(() => client.captureSnapshot(`${P}-nope`, `${P}-x`), LangSmithResourceNotFoundError);
 });
 
 await check("capture: createSnapshotFromDockerfile (needs buildkit+docker in the default image)", async () => {
