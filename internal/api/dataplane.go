@@ -141,16 +141,19 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return
 	}
-	relay(ctx, conn, up, dp.Gone, dp.Touch)
+	id := r.PathValue("id")
+	relay(ctx, conn, up, dp.Gone, dp.Touch, func() string { return s.mgr.StatusMessage(context.WithoutCancel(ctx), id) })
 }
 
 // relay copies frames both ways until one side closes, then closes the other
 // with the same status, so the client sees the agent's normal closure after
 // exit and the agent sees a client's disconnect. If the sandbox instance
-// goes (stopped or died), the client gets 1001 "going away", on which the
-// official client reconnects at once. Every frame, either way, calls touch
+// goes (stopped, or died e.g. out of memory), its commands are gone with
+// it: the client gets a terminal error frame saying why (why() gives the
+// sandbox's status message), so it neither hangs nor reconnects and wakes
+// a sandbox the user just stopped. Every frame, either way, calls touch
 // (activity for the idle TTL).
-func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}, touch func()) {
+func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}, touch func(), why func() string) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -161,8 +164,13 @@ func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}
 	go func() {
 		select {
 		case <-gone:
-			client.Close(websocket.StatusGoingAway, "sandbox stopped")
 			up.CloseNow()
+			msg := "the sandbox stopped while the command ran"
+			if reason := why(); reason != "" {
+				msg += ": " + reason
+			}
+			_ = wsjson.Write(ctx, client, protocol.ExecFrame{Type: protocol.FrameError, ErrorType: protocol.ErrCommandError, Error: msg})
+			client.Close(websocket.StatusNormalClosure, "sandbox stopped")
 		case <-ctx.Done():
 		}
 	}()

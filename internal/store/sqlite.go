@@ -302,7 +302,7 @@ func (s *SQLite) SnapshotByName(ctx context.Context, workspaceID, name string) (
 func listClause(o ListOptions) (string, []any) {
 	where, args := "", []any{}
 	if o.NameContains != "" {
-		where = ` AND instr(name, ?) > 0`
+		where = ` AND instr(lower(name), lower(?)) > 0`
 		args = append(args, o.NameContains)
 	}
 	limit := o.Limit
