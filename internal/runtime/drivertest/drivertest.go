@@ -9,6 +9,7 @@
 package drivertest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // Run runs the suite. newDriver is called once per subtest; calling it again
@@ -92,8 +94,14 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 		var out string
 		for deadline := time.Now().Add(10 * time.Second); ; {
 			time.Sleep(500 * time.Millisecond)
-			o, _, code := s.Exec(t, "cat /tmp/n")
-			if code == 0 {
+			// The agent itself may fail to fork the shell (EAGAIN, an
+			// error frame rather than an exit code): retry that too.
+			var o bytes.Buffer
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			code, err := s.Client.Exec(ctx, protocol.ExecFrame{Command: "cat /tmp/n", Shell: "/bin/sh"}, &o, nil)
+			cancel()
+			if err == nil && code == 0 {
+				o := o.String()
 				out = o
 				break
 			}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -188,15 +189,22 @@ type NetNS struct {
 func NewNetNS(tb testing.TB) NetNS {
 	tb.Helper()
 	var suffix [4]byte
-	rand.Read(suffix[:])
-	tag := hex.EncodeToString(suffix[:3])
+	var tag, host, sb string
+	// 10.201.0.0/16 split into /30s, picked at random, skipping any a
+	// live fixture already uses (two sandboxes on one /30 make the agent
+	// unreachable, a flake seen about once in 40 starts).
+	for try := 0; ; try++ {
+		rand.Read(suffix[:])
+		tag = hex.EncodeToString(suffix[:3])
+		n := (int(suffix[2])<<8 | int(suffix[3])) & 0x3fff
+		base := fmt.Sprintf("10.201.%d.", n>>6)
+		host, sb = fmt.Sprintf("%s%d", base, (n&63)*4+1), fmt.Sprintf("%s%d", base, (n&63)*4+2)
+		if !hostHasAddr(host) || try == 20 {
+			break
+		}
+	}
 	name := "cbt-" + tag
 	hostIf, nsIf := "cbt"+tag+"h", "cbt"+tag+"s"
-	// 10.201.0.0/16 split into /30s, picked at random.
-	n := (int(suffix[2])<<8 | int(suffix[3])) & 0x3fff
-	prefix := fmt.Sprintf("10.201.%d.%d", n>>6, (n&63)*4)
-	a, b := prefix[:strings.LastIndexByte(prefix, '.')+1], (n&63)*4
-	host, sb := fmt.Sprintf("%s%d", a, b+1), fmt.Sprintf("%s%d", a, b+2)
 	run := func(args ...string) {
 		tb.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -216,6 +224,20 @@ func NewNetNS(tb testing.TB) NetNS {
 	run("-n", name, "link", "set", "lo", "up")
 	run("-n", name, "route", "add", "default", "via", host)
 	return NetNS{Path: "/var/run/netns/" + name, SandboxIP: sb, HostIP: host}
+}
+
+// hostHasAddr reports whether an interface of the host already has ip.
+func hostHasAddr(ip string) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		if p, ok := a.(*net.IPNet); ok && p.IP.String() == ip {
+			return true
+		}
+	}
+	return false
 }
 
 // Sandbox is a started sandbox with a client for its agent.
