@@ -53,9 +53,8 @@ func (t *sessionTable) activity() Activity {
 	return a
 }
 
-// HandleActivity serves GET /v1/activity (register it on the agent's mux:
-// s.mux.HandleFunc("GET /v1/activity", s.HandleActivity)).
-func (s *Server) HandleActivity(w http.ResponseWriter, _ *http.Request) {
+// handleActivity serves GET /v1/activity.
+func (s *Server) handleActivity(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, s.sessions.activity())
 }
 

@@ -88,6 +88,7 @@ func NewServer(token string, opts ...Option) (*Server, error) {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /v1/health", s.handleHealth)
 	s.mux.HandleFunc("GET /v1/memguard", s.handleMemGuard)
+	s.mux.HandleFunc("GET /v1/activity", s.handleActivity)
 	s.mux.HandleFunc("GET /v1/exec", s.handleExec)
 	s.mux.HandleFunc("GET /v1/files", s.handleReadFile) // also serves HEAD
 	s.mux.HandleFunc("PUT /v1/files", s.handleWriteFile)

@@ -2,9 +2,7 @@ package sandbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
@@ -134,13 +132,6 @@ func (m *Manager) pollAgent(ctx context.Context, id string) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	got, err := c.Activity(ctx)
-	var he *agent.HTTPError
-	if errors.As(err, &he) && he.Status == http.StatusNotFound {
-		m.noActivityOnce.Do(func() {
-			m.log.Warn("sandbox agent has no /v1/activity endpoint; detached commands do not count as activity")
-		})
-		return
-	}
 	if err != nil {
 		m.log.Debug("poll agent activity", "sandbox", id, "err", err)
 		return

@@ -106,8 +106,6 @@ type Manager struct {
 	acts   map[string]*activity      // per sandbox id: idle-TTL bookkeeping (activity.go)
 	builds map[string]*buildProgress // per snapshot id, while building
 	bg     sync.WaitGroup
-
-	noActivityOnce sync.Once // warn once about agents without /v1/activity
 }
 
 // New returns a Manager. Call Recover once before serving.
