@@ -96,6 +96,11 @@ type sandbox struct {
 	policy        atomic.Pointer[Policy]
 	transport     *http.Transport
 	log           eventLog
+	// filtered records that packet rules were installed for this sandbox
+	// (by this process), so an open, unproxied policy — the common case —
+	// costs no nftables transaction at boot, and replacing a restrictive
+	// policy with an open one still clears its rules. Guarded by Service.mu.
+	filtered bool
 }
 
 // New loads (or creates) the CA and starts listening. Call Close to stop.
@@ -208,9 +213,19 @@ func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.
 	if pol.Proxied() {
 		np.ProxyPort = s.port
 	}
+	open := np.Mode == network.EgressOpen && np.ProxyPort == 0
+	s.mu.Lock()
+	skip := open && !sb.filtered
+	s.mu.Unlock()
+	if skip {
+		return nil
+	}
 	if err := s.cfg.Network.SetEgress(ep.ID, np); err != nil {
 		return fmt.Errorf("proxy: attach %s: %w", id, err)
 	}
+	s.mu.Lock()
+	sb.filtered = !open
+	s.mu.Unlock()
 	s.log.DebugContext(ctx, "egress policy applied", "sandbox", id, "mode", pol.Mode.String(), "nets", len(np.Nets), "rules", len(pol.Rules), "proxied", pol.Proxied())
 	return nil
 }

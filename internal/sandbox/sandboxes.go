@@ -150,6 +150,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		return fmt.Errorf("set up network: %w", err)
 	}
 	undo.Push(func(ctx context.Context) error { return m.cfg.Network.Teardown(ctx, rid) })
+	tNetwork := time.Now()
 	egressEnv, err := m.egressUp(ctx, sb, rootfs, ep)
 	if err != nil {
 		return err
@@ -181,7 +182,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	m.watch(ctx, sb.ID, client)
 	m.touch(sb.ID)
 	m.log.Info("sandbox ready", "sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(), "boot", time.Since(start),
-		"rootfs", tMount.Sub(start), "network", tNet.Sub(tMount), "driver", tDriver.Sub(tNet), "agent", tAgent.Sub(tDriver))
+		"rootfs", tMount.Sub(start), "network", tNetwork.Sub(tMount), "egress", tNet.Sub(tNetwork), "driver", tDriver.Sub(tNet), "agent", tAgent.Sub(tDriver))
 	return nil
 }
 
