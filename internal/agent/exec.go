@@ -299,6 +299,15 @@ func keepalive(ctx context.Context, cancel context.CancelFunc, c *websocket.Conn
 // stream sends the session's output from offs until it is done, then the
 // final exit (or CommandTimeout error) frame. All output precedes it.
 func (s *session) stream(ctx context.Context, c *websocket.Conn, offs [2]int64) error {
+	s.mu.Lock()
+	s.readers[&offs] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.readers, &offs)
+		s.space.Broadcast()
+		s.mu.Unlock()
+	}()
 	for {
 		var frames []protocol.ExecFrame
 		s.mu.Lock()
@@ -312,6 +321,9 @@ func (s *session) stream(ctx context.Context, c *websocket.Conn, offs [2]int64) 
 				frames = append(frames, protocol.ExecFrame{Type: typ, Data: string(p), Offset: &off})
 				offs[i] = off + int64(len(p))
 			}
+		}
+		if len(frames) > 0 {
+			s.space.Broadcast() // this reader advanced: pumps may have room
 		}
 		done, code, timedOut, changed := s.done, s.exitCode, s.timedOut, s.changed
 		s.mu.Unlock()

@@ -50,10 +50,22 @@ type session struct {
 	clients  int
 	timers   []*time.Timer // timeout timer, stopped on finish
 	idleT    *time.Timer   // armed while no client is attached
+
+	// readers holds the next offsets of every attached streamer. While
+	// any is attached, the pumps apply backpressure instead of letting
+	// the window drop bytes a live client has not received: a slow client
+	// slows the command (as a terminal would), it never silently loses
+	// output. With no client attached the window drops its oldest bytes,
+	// and a reconnect resumes from the earliest byte still held.
+	readers map[*[2]int64]struct{}
+	space   *sync.Cond // signalled when a reader advances or leaves
+	waiting int        // pumps blocked on backpressure
 }
 
 func newSession(id string, bufMax int) *session {
-	s := &session{id: id, ready: make(chan struct{}), changed: make(chan struct{}), stop: make(chan struct{})}
+	s := &session{id: id, ready: make(chan struct{}), changed: make(chan struct{}), stop: make(chan struct{}),
+		readers: map[*[2]int64]struct{}{}}
+	s.space = sync.NewCond(&s.mu)
 	s.out[streamStdout].max = bufMax
 	s.out[streamStderr].max = bufMax
 	return s
@@ -84,16 +96,7 @@ func (s *session) run(p *proc, onFinish func(*session)) {
 	ws := <-p.exited
 	pumped := make(chan struct{})
 	go func() { pumps.Wait(); close(pumped) }()
-	select {
-	case <-pumped:
-	case <-time.After(drainGrace):
-		for _, f := range p.out {
-			if f != nil {
-				f.Close() // unblocks the pumps: the files are pollable
-			}
-		}
-		<-pumped
-	}
+	s.drain(p, pumped)
 	p.closeAll()
 	close(s.stop)
 
@@ -108,6 +111,51 @@ func (s *session) run(p *proc, onFinish func(*session)) {
 	s.broadcastLocked()
 	s.mu.Unlock()
 	onFinish(s)
+}
+
+// drain waits for the pumps after the command exited. Pipes still open
+// after drainGrace are held by a background child: they are closed, so the
+// exit is reported — unless a pump is waiting for a slow client to take
+// output, which is progress, not a stuck pipe.
+func (s *session) drain(p *proc, pumped <-chan struct{}) {
+	for {
+		select {
+		case <-pumped:
+			return
+		case <-time.After(drainGrace):
+		}
+		s.mu.Lock()
+		blocked := s.waiting > 0
+		s.mu.Unlock()
+		if blocked {
+			continue
+		}
+		for _, f := range p.out {
+			if f != nil {
+				f.Close() // unblocks the pumps: the files are pollable
+			}
+		}
+		<-pumped
+		return
+	}
+}
+
+// waitForRoomLocked blocks (releasing s.mu) while writing n more bytes to
+// stream i would push out of the window bytes an attached reader has not
+// taken yet.
+func (s *session) waitForRoomLocked(i, n int) {
+	for len(s.readers) > 0 {
+		slowest := s.out[i].end()
+		for r := range s.readers {
+			slowest = min(slowest, max(r[i], s.out[i].base))
+		}
+		if s.out[i].end()+int64(n)-slowest <= int64(s.out[i].max) {
+			return
+		}
+		s.waiting++
+		s.space.Wait()
+		s.waiting--
+	}
 }
 
 // pump copies one output stream into its window, never splitting a UTF-8
@@ -125,6 +173,7 @@ func (s *session) pump(i int, f *os.File) {
 		}
 		if cut > 0 {
 			s.mu.Lock()
+			s.waitForRoomLocked(i, cut)
 			s.out[i].write(buf[:cut])
 			s.broadcastLocked()
 			s.mu.Unlock()

@@ -145,3 +145,93 @@ func BenchmarkBareRunsc(b *testing.B) {
 	}
 	percentiles(b, ds)
 }
+
+// BenchmarkStopStart measures, per driver, POST /stop then POST /start
+// until the first byte of `echo hi` arrives (the sandbox's files persist
+// across the cycle; the start is a cold boot on the same upper dir).
+func BenchmarkStopStart(b *testing.B) {
+	ref := testImage(b)
+	for _, rt := range runtimes() {
+		b.Run(rt, func(b *testing.B) {
+			d := startDaemon(b, rt, "")
+			sn := readySnapshot(b, d.Client, "bench", ref)
+			sb := newSandbox(b, d.Client, sn.ID, nil)
+			ctx := context.Background()
+			var ds []time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				if err := d.Client.StopSandbox(ctx, sb.Name); err != nil {
+					b.Fatal(err)
+				}
+				if err := d.Client.StartSandbox(ctx, sb.Name); err != nil {
+					b.Fatal(err)
+				}
+				first := &firstByte{}
+				if _, err := d.Client.Exec(ctx, sb.Name, cubicle.ExecRequest{Command: "echo hi", Shell: "/bin/sh", Stdout: first}); err != nil {
+					b.Fatal(err)
+				}
+				ds = append(ds, first.at.Sub(t0))
+			}
+			percentiles(b, ds)
+		})
+	}
+}
+
+// BenchmarkCatThroughput streams `cat` of a 100 MiB file over the WebSocket
+// exec path and reports MB/s, next to `cat` of the same bytes on the host
+// (to /dev/null through a pipe) measured in the same run.
+func BenchmarkCatThroughput(b *testing.B) {
+	const size = 100 << 20
+	ref := testImage(b)
+	hostFile := filepath.Join(b.TempDir(), "100m")
+	if err := os.WriteFile(hostFile, []byte(strings.Repeat("0123456789abcdef", size/16)), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("host", func(b *testing.B) {
+		var mbs []float64
+		for b.Loop() {
+			t0 := time.Now()
+			cmd := exec.Command("cat", hostFile)
+			cmd.Stdout = io.Discard
+			if err := cmd.Run(); err != nil {
+				b.Fatal(err)
+			}
+			mbs = append(mbs, float64(size)/1e6/time.Since(t0).Seconds())
+		}
+		reportMedian(b, mbs, "MB/s")
+	})
+	for _, rt := range runtimes() {
+		b.Run(rt, func(b *testing.B) {
+			d := startDaemon(b, rt, "")
+			sn := readySnapshot(b, d.Client, "bench", ref)
+			sb := newSandbox(b, d.Client, sn.ID, nil)
+			ctx := context.Background()
+			mustRun(b, d.Client, sb.Name, "head -c 104857600 /dev/zero | tr '\\0' a > /tmp/100m")
+			var mbs []float64
+			for b.Loop() {
+				cw := &countWriter{}
+				t0 := time.Now()
+				code, err := d.Client.Exec(ctx, sb.Name, cubicle.ExecRequest{Command: "cat /tmp/100m", Shell: "/bin/sh", Stdout: cw})
+				if err != nil || code != 0 || cw.n != size {
+					b.Fatalf("cat: code %d err %v, %d bytes", code, err, cw.n)
+				}
+				mbs = append(mbs, float64(size)/1e6/time.Since(t0).Seconds())
+			}
+			reportMedian(b, mbs, "MB/s")
+		})
+	}
+}
+
+type countWriter struct{ n int }
+
+func (c *countWriter) Write(p []byte) (int, error) { c.n += len(p); return len(p), nil }
+
+// reportMedian reports the median of vs under unit.
+func reportMedian(b *testing.B, vs []float64, unit string) {
+	if len(vs) == 0 {
+		return
+	}
+	slices.Sort(vs)
+	b.ReportMetric(vs[len(vs)/2], unit)
+	b.ReportMetric(0, "ns/op")
+}
