@@ -58,6 +58,16 @@ func sourceOf(img v1.Image) (*source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("config digest: %w", err)
 	}
+	src, err := configAndLayers(img)
+	if err != nil {
+		return nil, err
+	}
+	src.digest, src.manifest, src.configName = digest.String(), rawManifest, cfgName.String()
+	return src, nil
+}
+
+// configAndLayers reads img's config (raw and parsed) and layer list.
+func configAndLayers(img v1.Image) (*source, error) {
 	rawCfg, err := img.RawConfigFile()
 	if err != nil {
 		return nil, fmt.Errorf("read config: %w", err)
@@ -71,8 +81,7 @@ func sourceOf(img v1.Image) (*source, error) {
 		return nil, fmt.Errorf("list layers: %w", err)
 	}
 	return &source{
-		digest: digest.String(), manifest: rawManifest,
-		configName: cfgName.String(), rawConfig: rawCfg, config: cfg, layers: layers,
+		rawConfig: rawCfg, config: cfg, layers: layers,
 	}, nil
 }
 

@@ -363,23 +363,13 @@ func (s *Store) loadDocker(ctx context.Context, path, override string) ([]*Image
 // known (see syntheticManifest); asking ggcr for one would gzip every
 // layer just to hash it.
 func dockerSource(img v1.Image) (*source, error) {
-	rawCfg, err := img.RawConfigFile()
+	src, err := configAndLayers(img)
 	if err != nil {
-		return nil, fmt.Errorf("read config: %w", err)
+		return nil, err
 	}
-	cfg, err := img.ConfigFile()
-	if err != nil {
-		return nil, fmt.Errorf("parse config: %w", err)
-	}
-	layers, err := img.Layers()
-	if err != nil {
-		return nil, fmt.Errorf("list layers: %w", err)
-	}
-	cfgSum := sha256.Sum256(rawCfg)
-	return &source{
-		configName: "sha256:" + hex.EncodeToString(cfgSum[:]),
-		rawConfig:  rawCfg, config: cfg, layers: layers,
-	}, nil
+	cfgSum := sha256.Sum256(src.rawConfig)
+	src.configName = "sha256:" + hex.EncodeToString(cfgSum[:])
+	return src, nil
 }
 
 // syntheticManifest is an OCI manifest over uncompressed layers (digest =
