@@ -12,6 +12,7 @@ import (
 // newSnapshotCaptureCmd is `cubicle snapshot capture SANDBOX NAME`.
 func newSnapshotCaptureCmd() *cobra.Command {
 	var workDir, user string
+	var memory bool
 	cmd := &cobra.Command{
 		Use:   "capture SANDBOX NAME",
 		Short: "Snapshot a sandbox's filesystem as it is now (it keeps running)",
@@ -21,7 +22,7 @@ func newSnapshotCaptureCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			req := protocol.CaptureSnapshotRequest{Name: args[1]}
+			req := protocol.CaptureSnapshotRequest{Name: args[1], IncludeMemory: memory}
 			if workDir != "" || user != "" {
 				req.RunConfig = &protocol.RunConfig{WorkDir: workDir, User: user}
 			}
@@ -40,6 +41,7 @@ func newSnapshotCaptureCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&workDir, "workdir", "", "working directory commands in sandboxes from the snapshot start in")
 	cmd.Flags().StringVar(&user, "user", "", "user commands in sandboxes from the snapshot run as")
+	cmd.Flags().BoolVar(&memory, "memory", false, "also save its memory: sandboxes from the snapshot resume its processes (gvisor)")
 	return cmd
 }
 
@@ -76,6 +78,7 @@ func newSandboxForkCmd() *cobra.Command {
 	fl.StringSliceVar(&req.Names, "names", nil, "branch names (comma-separated, --count of them)")
 	fl.StringVar(&req.SnapshotName, "snapshot-name", "", "name of the captured snapshot")
 	fl.Int64Var(&timeout, "timeout", 0, "seconds to wait for every branch to be ready (default 60)")
+	fl.BoolVar(&req.IncludeMemory, "memory", false, "capture memory too: branches resume the sandbox's running processes (gvisor)")
 	return cmd
 }
 

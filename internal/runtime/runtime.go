@@ -70,3 +70,24 @@ type Driver interface {
 	// die on their own, e.g. killed for exceeding their memory limit.
 	PID(ctx context.Context, id string) (int, error)
 }
+
+// Checkpointer is implemented by drivers that can save a running sandbox's
+// memory and kernel state (processes, open files, sockets, timers) to disk
+// and start new sandboxes from that image, which resume where the source
+// was. It is optional: the manager answers memory-snapshot requests with
+// "not supported" on drivers without it. Drivers implementing it also
+// implement Pauser.
+type Checkpointer interface {
+	// Checkpoint saves sandbox id's memory image into dir (an existing,
+	// empty directory). It returns with the sandbox paused, as Pauser.Pause
+	// leaves it, so the caller can capture the filesystem at the same
+	// instant; the caller must then call Pauser.Resume, also on error.
+	Checkpoint(ctx context.Context, id, dir string) error
+	// Restore is Start, except that the sandbox resumes from the image in
+	// dir (written by Checkpoint) instead of booting: PID 1 is not started
+	// again. spec.RootFS must show the same files the source's rootfs
+	// showed at the checkpoint; spec.NetNS may differ (another address).
+	// The restored processes keep the environment they had, so spec.Env is
+	// ignored; the UTS hostname is the source's too.
+	Restore(ctx context.Context, spec Spec, dir string) error
+}

@@ -54,9 +54,6 @@ func validateCaptureRequest(req protocol.CaptureSnapshotRequest, lim LimitPolicy
 	if req.DockerImage != "" {
 		return errdefs.Field("docker_image", "exporting a Docker image from inside a sandbox is not supported yet; omit docker_image to capture the sandbox's filesystem")
 	}
-	if req.IncludeMemory || req.Checkpoint {
-		return errdefs.Field("include_memory", "memory snapshots are not supported yet; only the filesystem is captured")
-	}
 	if err := validateSize("fs_capacity_bytes", req.FSCapacityBytes, lim.MaxFSBytes); err != nil {
 		return err
 	}
@@ -68,6 +65,15 @@ func validateCaptureRequest(req protocol.CaptureSnapshotRequest, lim LimitPolicy
 func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *store.Sandbox, req protocol.CaptureSnapshotRequest) (*SnapshotView, error) {
 	if sb.Status != protocol.StatusReady && sb.Status != protocol.StatusStopped {
 		return nil, fmt.Errorf("sandbox %s is %s; only a ready or stopped sandbox can be captured: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
+	}
+	memory := req.IncludeMemory || req.Checkpoint
+	if memory {
+		if _, ok := m.cfg.Driver.(runtime.Checkpointer); !ok {
+			return nil, errdefs.Field("include_memory", "memory snapshots are not supported by the %s runtime (only gvisor can save a sandbox's memory); omit include_memory to capture the filesystem only", m.cfg.Driver.Name())
+		}
+		if sb.Status != protocol.StatusReady {
+			return nil, errdefs.Field("include_memory", "sandbox %s is %s: it has no memory to capture; start it, or omit include_memory", sb.Name, sb.Status)
+		}
 	}
 	parent, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
 	if err != nil {
@@ -83,7 +89,11 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 	var undo cleanup.Stack
 	defer undo.Run(ctx)
 	start := time.Now()
-	layer, frozen, err := m.freezeAndCapture(ctx, sb, sn.ID)
+	capt := m.freezeAndCapture
+	if memory {
+		capt = m.checkpointAndCapture
+	}
+	layer, frozen, err := capt(ctx, sb, sn.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +103,7 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 		return nil, err
 	}
 	undo.Release()
-	m.log.Info("snapshot captured", "snapshot", sn.ID, "name", sn.Name, "sandbox", sb.ID, "took", time.Since(start), "frozen", frozen)
+	m.log.Info("snapshot captured", "snapshot", sn.ID, "name", sn.Name, "sandbox", sb.ID, "memory", memory, "took", time.Since(start), "frozen", frozen)
 	return &SnapshotView{Snapshot: sn}, nil
 }
 

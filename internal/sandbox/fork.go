@@ -24,6 +24,9 @@ type ForkResult struct {
 
 // Fork captures sandbox name and boots req.Count branches from the
 // capture, in parallel, each with its own name (hostname) and machine-id.
+// With req.IncludeMemory the capture includes memory and every branch is
+// restored from it instead (see memsnap.go): it resumes the parent's
+// processes, keeping their hostname and machine-id.
 // It returns when every branch is ready; branches that failed to boot are
 // deleted and reported in the error, the others are kept and returned.
 func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkRequest) (*ForkResult, error) {
@@ -49,7 +52,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 			snapName = "fork-" + randomHex(6)
 		}
 	}
-	v, err := m.CaptureSnapshot(ctx, name, protocol.CaptureSnapshotRequest{Name: snapName})
+	v, err := m.CaptureSnapshot(ctx, name, protocol.CaptureSnapshotRequest{Name: snapName, IncludeMemory: req.IncludeMemory})
 	if err != nil {
 		return nil, err
 	}

@@ -44,7 +44,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 		FSCapacityBytes:        or(req.FSCapacityBytes, sn.FSCapacityBytes),
 		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
 		DeleteAfterStopSeconds: or(req.DeleteAfterStopSeconds, lim.DefaultDeleteAfterStop),
-		RunConfig:              req.RunConfig, Token: randomHex(32), CreatedAt: now, UpdatedAt: now,
+		RunConfig:              req.RunConfig, Token: m.agentToken(sn), CreatedAt: now, UpdatedAt: now,
 		ProxyConfig: proxyConfigOf(req.ProxyConfig),
 	}
 	if sb.Name == "" {
@@ -129,7 +129,11 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		}
 	}()
 	rid := runtimeID(sb.ID)
+	image, restore := "", false
 	if first {
+		image, restore = m.memoryImage(sn)
+	}
+	if first && !restore {
 		if err := m.seedIdentity(ctx, rid, sn); err != nil {
 			return err
 		}
@@ -163,7 +167,11 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		Limits: runtime.Limits{MilliCPUs: sb.VCPUs * 1000, MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
 	}
 	tNet := time.Now()
-	if err := m.cfg.Driver.Start(ctx, spec); err != nil {
+	if restore {
+		if err := m.cfg.Driver.(runtime.Checkpointer).Restore(ctx, spec, image); err != nil {
+			return &BootError{Err: fmt.Errorf("restore %s sandbox from memory snapshot %s: %w", m.cfg.Driver.Name(), sn.ID, err)}
+		}
+	} else if err := m.cfg.Driver.Start(ctx, spec); err != nil {
 		return &BootError{Err: fmt.Errorf("start %s sandbox: %w", m.cfg.Driver.Name(), err)}
 	}
 	undo.Push(func(ctx context.Context) error { return m.cfg.Driver.Stop(ctx, rid) })
@@ -181,7 +189,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	m.setAgent(sb.ID, client)
 	m.watch(ctx, sb.ID, client)
 	m.touch(sb.ID)
-	m.log.Info("sandbox ready", "sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(), "boot", time.Since(start),
+	m.log.Info("sandbox ready", "sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(), "restored", restore, "boot", time.Since(start),
 		"rootfs", tMount.Sub(start), "network", tNetwork.Sub(tMount), "egress", tNet.Sub(tNetwork), "driver", tDriver.Sub(tNet), "agent", tAgent.Sub(tDriver))
 	return nil
 }

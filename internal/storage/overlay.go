@@ -206,8 +206,18 @@ func (o *Overlays) Capture(ctx context.Context, id, snap string) (string, error)
 	return o.CaptureLayer(snap), nil
 }
 
-// RemoveCapture deletes snapshot snap's captured layer (missing is fine).
+// MemoryDir is where captured snapshot snap keeps its memory image, when
+// it has one: next to its layer, outside the read-only subvolume.
+func (o *Overlays) MemoryDir(snap string) string {
+	return filepath.Join(o.cow.Root(), volSnapshots, snap+".mem")
+}
+
+// RemoveCapture deletes snapshot snap's captured layer and memory image
+// (missing is fine).
 func (o *Overlays) RemoveCapture(ctx context.Context, snap string) error {
+	if err := os.RemoveAll(o.MemoryDir(snap)); err != nil {
+		return fmt.Errorf("remove memory image of %s: %w", snap, err)
+	}
 	return o.cow.Delete(ctx, filepath.Dir(o.CaptureLayer(snap)))
 }
 

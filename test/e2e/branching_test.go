@@ -69,8 +69,10 @@ func TestBranching(t *testing.T) {
 			if after := counter(t, c, p.Name); after <= before+3 {
 				t.Fatalf("parent stopped counting across capture: %d then %d", before, after)
 			}
-			_, err = c.CaptureSnapshot(ctx, p.Name, protocol.CaptureSnapshotRequest{Name: "mem", IncludeMemory: true})
-			wantStatus(t, err, http.StatusUnprocessableEntity)
+			if rt == "namespace" { // gvisor: see memsnap_test.go
+				_, err = c.CaptureSnapshot(ctx, p.Name, protocol.CaptureSnapshotRequest{Name: "mem", IncludeMemory: true})
+				wantStatus(t, err, http.StatusUnprocessableEntity)
+			}
 			_, err = c.CaptureSnapshot(ctx, p.Name, protocol.CaptureSnapshotRequest{Name: "img", DockerImage: "x:1"})
 			wantStatus(t, err, http.StatusUnprocessableEntity)
 

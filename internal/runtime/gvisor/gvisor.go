@@ -148,6 +148,11 @@ func (d *Driver) bundleDir(id string) string { return filepath.Join(d.stateDir, 
 // cgroup /cubicle/<id>, so the sandbox outlives the daemon. On failure the
 // error carries the tail of runsc's log and nothing of id remains.
 func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
+	return d.launch(ctx, spec, "")
+}
+
+// launch is Start, or Restore when image (a checkpoint image dir) is set.
+func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) error {
 	if err := validate(spec); err != nil {
 		return err
 	}
@@ -182,7 +187,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 	undo.Push(func(context.Context) error { return restoreNetConfig(dir) })
 	// runsc may have created part of the sandbox before failing.
 	undo.Push(func(ctx context.Context) error { return d.destroy(ctx, spec.ID) })
-	if err := d.runDetached(ctx, spec.ID, dir); err != nil {
+	if err := d.runDetached(ctx, spec.ID, dir, image); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
 	if spec.Limits.MemBytes > 0 {
@@ -201,7 +206,10 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 // rather than a pipe. The sandbox inherits these descriptors and keeps them
 // for its whole life, so a pipe would make cmd.Wait block until the sandbox
 // exits and would give the agent EPIPE/SIGPIPE once the daemon is gone.
-func (d *Driver) runDetached(ctx context.Context, id, dir string) error {
+//
+// With image set it runs `runsc restore --image-path image --detach`
+// instead, which starts the sandbox from a checkpoint.
+func (d *Driver) runDetached(ctx context.Context, id, dir, image string) error {
 	devNull, err := os.Open(os.DevNull)
 	if err != nil {
 		return fmt.Errorf("open %s: %w", os.DevNull, err)
@@ -219,14 +227,21 @@ func (d *Driver) runDetached(ctx context.Context, id, dir string) error {
 	if d.debugDir != "" {
 		args = append(args, "--debug", "--debug-log", filepath.Join(d.debugDir, id)+"/")
 	}
-	args = append(args, "run", "--detach", "--bundle", dir, id)
+	verb := "run"
+	if image != "" {
+		verb = "restore"
+		args = append(args, verb, "--image-path", image)
+	} else {
+		args = append(args, verb)
+	}
+	args = append(args, "--detach", "--bundle", dir, id)
 	cmd := d.command(ctx, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devNull, console, console
 	// Its own session: no signal aimed at the daemon's process group or
 	// terminal reaches the sandbox. No Pdeathsig, deliberately.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runsc run: %w: %s", err, failureReason(logPath, consolePath))
+		return fmt.Errorf("runsc %s: %w: %s", verb, err, failureReason(logPath, consolePath))
 	}
 	return nil
 }

@@ -40,6 +40,12 @@ func (d *Driver) Resume(ctx context.Context, id string) error {
 	if !idPattern.MatchString(id) {
 		return fmt.Errorf("resume sandbox %q: malformed id: %w", id, errdefs.ErrInvalid)
 	}
+	if ok, err := d.resumeCheckpointed(ctx, id); ok {
+		if err != nil {
+			return fmt.Errorf("resume sandbox %s: %w", id, err)
+		}
+		return nil
+	}
 	if dir, ok := freezer(id); ok {
 		if err := runtime.Freeze(ctx, dir, false); err != nil {
 			return fmt.Errorf("resume sandbox %s: %w", id, err)
