@@ -12,7 +12,8 @@ import (
 // serveHTTP handles one request of a plain HTTP connection or of an
 // intercepted TLS one: it enforces the policy on the request's Host (every
 // request, not just the connection's first), injects rule headers (TLS
-// only) and forwards it over the sandbox's own transport.
+// only), re-signs AWS requests (TLS only) and forwards it over the
+// sandbox's own transport.
 func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	m := metaFrom(r.Context())
 	if m == nil {
@@ -40,8 +41,26 @@ func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var inject http.Header
+	var signer *awsSigner
 	if m.sni != "" {
 		for _, rule := range pol.RulesFor(host, r.URL.Path) {
+			if rule.AWS != nil {
+				if signer != nil || presigned(r) {
+					continue // the first AWS rule signs; presigned URLs go as they are
+				}
+				if signedStreaming(r) {
+					http.Error(w, fmt.Sprintf("cubicle egress proxy: rule %q: S3 uploads with signed chunks (STREAMING-AWS4-*) cannot be re-signed; use unsigned payload chunks", rule.Name), http.StatusNotImplemented)
+					return
+				}
+				var err error
+				if signer, err = s.awsSignerFor(r.Context(), sb, rule, host); err != nil {
+					s.log.Warn("egress AWS signing failed", "sandbox", sb.id, "rule", rule.Name, "host", host, "err", err)
+					http.Error(w, fmt.Sprintf("cubicle egress proxy: rule %q: %v", rule.Name, err), http.StatusBadGateway)
+					return
+				}
+				ev.Rules = append(ev.Rules, rule.Name)
+				continue
+			}
 			ev.Rules = append(ev.Rules, rule.Name)
 			for _, h := range rule.Headers {
 				val, err := s.headerValue(r.Context(), sb, h)
@@ -58,6 +77,10 @@ func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sb.log.add(ev, m.sni != "")
+	var transport http.RoundTripper = sb.transport
+	if signer != nil {
+		transport = signer
+	}
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = scheme
@@ -67,7 +90,7 @@ func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
 				pr.Out.Header[k] = vs
 			}
 		},
-		Transport:     sb.transport,
+		Transport:     transport,
 		FlushInterval: 0, // ReverseProxy still flushes at once for event streams and unsized bodies
 		ErrorLog:      nil,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -15,7 +15,7 @@ type Event struct {
 	Dest    string `json:"dest"` // original destination address:port
 	Allowed bool   `json:"allowed"`
 	Reason  string `json:"reason"`
-	// Rules names the header-injection rules applied (never their values).
+	// Rules names the header-injection and AWS rules applied (never their values).
 	Rules []string `json:"rules,omitempty"`
 }
 

@@ -48,12 +48,14 @@ type Policy struct {
 	Rules []Rule
 }
 
-// Rule is one header-injection rule.
+// Rule is one header-injection rule, or an AWS rule (AWS set): requests
+// to its hosts are re-signed with SigV4.
 type Rule struct {
 	Name    string
 	hosts   []hostPattern
 	paths   []string // path.Match globs or prefixes ending in "/"; empty = all
 	Headers []Header
+	AWS     *AWSCredentials
 }
 
 // Header is one header a Rule sets. Value is resolved at request time:
@@ -99,6 +101,7 @@ type wireRule struct {
 	MatchHosts []string     `json:"match_hosts"`
 	MatchPaths []string     `json:"match_paths"`
 	Headers    []wireHeader `json:"headers"`
+	AWS        *wireAWS     `json:"aws"`
 }
 
 type wireHeader struct {
@@ -109,8 +112,9 @@ type wireHeader struct {
 
 // Parse reads a raw proxy_config. Empty or null gives an open Policy with
 // no rules. Errors are errdefs.FieldErrors naming the offending field.
-// Rules of other types (aws, gcp) are refused rather than silently ignored:
-// a sandbox must not run believing credentials are injected when they are not.
+// Rules this server cannot enforce (gcp, aws with role_arn) are refused
+// rather than silently ignored: a sandbox must not run believing credentials
+// are injected when they are not.
 func Parse(raw []byte) (*Policy, error) {
 	raw = bytes.TrimSpace(raw)
 	p := &Policy{}
@@ -194,12 +198,21 @@ func parseHost(s string) (hostPattern, error) {
 }
 
 func parseRule(wr wireRule) (Rule, error) {
+	r := Rule{Name: wr.Name}
 	switch wr.Type {
 	case "", "header", "headers", "header_injection":
+	case "aws":
+		creds, err := parseAWS(wr.AWS)
+		if err != nil {
+			return Rule{}, err
+		}
+		r.AWS = creds
+		if len(wr.MatchHosts) == 0 {
+			wr.MatchHosts = DefaultAWSHosts
+		}
 	default:
 		return Rule{}, fmt.Errorf("rule type %q is not supported by this server", wr.Type)
 	}
-	r := Rule{Name: wr.Name}
 	if len(wr.MatchHosts) == 0 {
 		return Rule{}, fmt.Errorf("match_hosts is required")
 	}
@@ -233,12 +246,26 @@ func parseHeader(wh wireHeader) (Header, error) {
 	if wh.Name == "" || strings.ContainsAny(wh.Name, " :\r\n\t") {
 		return Header{}, fmt.Errorf("bad header name %q", wh.Name)
 	}
-	h := Header{Name: wh.Name, Type: wh.Type}
-	// value is a string, or a Secret object {type, value} (spec §4.4).
+	h, err := parseSecret(wh.Value, wh.Type)
+	if err != nil {
+		return Header{}, err
+	}
+	h.Name = wh.Name
+	if strings.ContainsAny(h.Value, "\r\n") {
+		return Header{}, fmt.Errorf("header value contains a line break")
+	}
+	return h, nil
+}
+
+// parseSecret reads a value that is a string (of type typ, plaintext if
+// empty) or a Secret object {type, value} (spec §4.4). A workspace_secret's
+// Value is the secret's NAME.
+func parseSecret(raw json.RawMessage, typ string) (Header, error) {
+	h := Header{Type: typ}
 	var s string
-	if err := json.Unmarshal(wh.Value, &s); err != nil {
+	if err := json.Unmarshal(raw, &s); err != nil {
 		var sec struct{ Type, Value string }
-		if err := json.Unmarshal(wh.Value, &sec); err != nil {
+		if err := json.Unmarshal(raw, &sec); err != nil {
 			return Header{}, fmt.Errorf("value must be a string or {type, value}")
 		}
 		s = sec.Value
@@ -259,9 +286,6 @@ func parseHeader(wh wireHeader) (Header, error) {
 		h.Value = s[1 : len(s)-1]
 	default:
 		return Header{}, fmt.Errorf("unknown value type %q", h.Type)
-	}
-	if strings.ContainsAny(h.Value, "\r\n") {
-		return Header{}, fmt.Errorf("header value contains a line break")
 	}
 	return h, nil
 }

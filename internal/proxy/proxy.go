@@ -1,8 +1,8 @@
 // Package proxy is the daemon's transparent egress proxy. It enforces a
 // sandbox's proxy_config (spec §4.4): access_control by HTTP Host and TLS
-// SNI, and header injection (credentials) for rule-matched hosts by
-// terminating TLS with a per-install CA and re-encrypting to the real
-// server.
+// SNI, and header injection and AWS SigV4 signing (credentials) for
+// rule-matched hosts by terminating TLS with a per-install CA and
+// re-encrypting to the real server.
 //
 // Traffic arrives by redirect, not by proxy settings: internal/network
 // rewrites a proxied sandbox's TCP 80/443 to the proxy's port on the host

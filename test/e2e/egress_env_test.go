@@ -33,8 +33,9 @@ type internet struct {
 	addrs []string
 	caPEM []byte // the test CA that signed the HTTPS certificate
 
-	mu    sync.Mutex
-	auths []string // Authorization headers the HTTPS server received
+	mu     sync.Mutex
+	auths  []string                // Authorization headers the HTTPS server received
+	routes map[string]http.Handler // HTTPS handlers by Host (see route)
 }
 
 // newInternet creates the namespace with addresses 198.18.<n>.2..5 (n is
@@ -96,12 +97,19 @@ func (in *internet) listen(t testing.TB, addr string) net.Listener {
 func (in *internet) serve(t testing.TB) {
 	caCert, caKey, caPEM := newTestCA(t)
 	in.caPEM = caPEM
-	leaf := leafCert(t, caCert, caKey, "secure.test", "allowed.test", "other.test", "denied.test")
+	leaf := leafCert(t, caCert, caKey, "secure.test", "allowed.test", "other.test", "denied.test",
+		// AWS-like endpoints for AWS signing tests (see route).
+		"*.amazonaws.com", "*.us-west-2.amazonaws.com", "*.us-east-2.amazonaws.com", "*.s3.us-west-2.amazonaws.com")
 	plain := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from the internet: host=%s\n", r.Host)
 	})
 	secure := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		in.mu.Lock()
+		if h := in.routes[r.Host]; h != nil {
+			in.mu.Unlock()
+			h.ServeHTTP(w, r)
+			return
+		}
 		in.auths = append(in.auths, r.Header.Get("Authorization")+"|"+r.Header.Get("X-Opaque"))
 		in.mu.Unlock()
 		// The secret is never echoed: the sandbox must not see it.
@@ -128,6 +136,16 @@ func (in *internet) serve(t testing.TB) {
 			c.Close()
 		}
 	}()
+}
+
+// route makes the HTTPS server hand requests for host to h.
+func (in *internet) route(host string, h http.Handler) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.routes == nil {
+		in.routes = map[string]http.Handler{}
+	}
+	in.routes[host] = h
 }
 
 // receivedAuth returns the Authorization|X-Opaque pairs the HTTPS server saw.
@@ -190,6 +208,7 @@ import (
 	"net/http/httptrace"
 	"os"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -198,6 +217,10 @@ func main() {
 	to := flag.String("to", "", "connect to this IP instead of resolving the URL's host (SNI and Host stay the URL's)")
 	n := flag.Int("n", 0, "benchmark: requests to send")
 	host := flag.String("host", "", "Host header to send")
+	method := flag.String("X", "GET", "request method")
+	data := flag.String("d", "", "request body")
+	var hdrs []string
+	flag.Func("H", "header \"Name: value\" (repeatable)", func(s string) error { hdrs = append(hdrs, s); return nil })
 	flag.Parse()
 	pool, _ := x509.SystemCertPool()
 	if pool == nil {
@@ -249,12 +272,20 @@ func main() {
 		return
 	}
 	t0 := time.Now()
-	req, err := http.NewRequest("GET", url, nil)
+	var body io.Reader
+	if *data != "" {
+		body = strings.NewReader(*data)
+	}
+	req, err := http.NewRequest(*method, url, body)
 	if err != nil {
 		fmt.Println("ERR", err)
 		os.Exit(2)
 	}
 	req.Host = *host
+	for _, h := range hdrs {
+		k, v, _ := strings.Cut(h, ":")
+		req.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
 	resp, err := c.Do(req)
 	if err != nil {
 		fmt.Printf("ERR %v (after %v)\n", err, time.Since(t0).Round(time.Millisecond))

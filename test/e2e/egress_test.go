@@ -26,7 +26,8 @@ type egressEnv struct {
 	snap string
 }
 
-func newEgressEnv(t testing.TB, rt string) *egressEnv {
+// extraNames also resolve to the internet's first address.
+func newEgressEnv(t testing.TB, rt string, extraNames ...string) *egressEnv {
 	in := newInternet(t)
 	caFile := filepath.Join(t.TempDir(), "inet-ca.pem")
 	if err := os.WriteFile(caFile, in.caPEM, 0o644); err != nil {
@@ -38,6 +39,9 @@ func newEgressEnv(t testing.TB, rt string) *egressEnv {
 		"other.test": 1, "denied.test": 2,
 	} {
 		args = append(args, "--egress-resolve", name+"="+in.addr(i))
+	}
+	for _, name := range extraNames {
+		args = append(args, "--egress-resolve", name+"="+in.addr(0))
 	}
 	d := startDaemonArgs(t, rt, "", args...)
 	sn := readySnapshot(t, d.Client, "egress", testImage(t))
