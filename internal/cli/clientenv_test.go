@@ -74,6 +74,10 @@ func TestExecRequestFromFlags(t *testing.T) {
 	if _, err := (execFlags{env: []string{"NOEQUALS"}}).execRequest([]string{"env"}); err == nil {
 		t.Error("--env without = accepted")
 	}
+	// No --timeout means no limit, not the protocol's 60 s default.
+	if req, err := (execFlags{}).execRequest([]string{"sleep", "100"}); err != nil || req.Timeout >= 0 {
+		t.Errorf("default timeout = %v (%v), want no limit (negative)", req.Timeout, err)
+	}
 }
 
 func TestParseCpArg(t *testing.T) {

@@ -50,7 +50,7 @@ func newExecCmd() *cobra.Command {
 	fl := cmd.Flags()
 	fl.BoolVarP(&f.tty, "tty", "t", false, "run the command on a pseudo-terminal")
 	fl.BoolVarP(&f.stdin, "interactive", "i", false, "forward stdin to the command")
-	fl.Int64Var(&f.timeout, "timeout", 0, "seconds the command may run (0: the daemon's default)")
+	fl.Int64Var(&f.timeout, "timeout", 0, "seconds the command may run (0: no limit, like a local shell)")
 	fl.StringVarP(&f.workdir, "workdir", "w", "", "absolute working directory for the command")
 	fl.StringArrayVarP(&f.env, "env", "e", nil, "K=V environment variable (repeatable)")
 	return cmd
@@ -63,6 +63,9 @@ func (f execFlags) execRequest(argv []string) (cubicle.ExecRequest, error) {
 		Shell:   execShell,
 		Timeout: time.Duration(f.timeout) * time.Second,
 		PTY:     f.tty,
+	}
+	if f.timeout == 0 {
+		req.Timeout = -1 // no limit: an interactive shell or a long build must not die at 60 s
 	}
 	if f.workdir != "" || len(f.env) > 0 {
 		rc := &protocol.RunConfig{WorkDir: f.workdir}

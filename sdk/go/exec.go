@@ -23,7 +23,8 @@ type ExecRequest struct {
 	// Shell defaults to the server's (/bin/bash in the protocol).
 	Shell string
 	// Timeout is a hard limit on the command's run time, rounded up to whole
-	// seconds; 0 means the server's default (60 s in the protocol).
+	// seconds; 0 means the server's default (60 s in the protocol) and a
+	// negative value means no limit.
 	Timeout time.Duration
 	// Env and Cwd are the protocol's deprecated per-command settings; do not
 	// combine them with RunConfig.
@@ -290,9 +291,13 @@ func (s *execSession) firstFrame() protocol.ExecFrame {
 		Rows:       r.Rows,
 		Cols:       r.Cols,
 	}
-	if r.Timeout > 0 {
+	switch {
+	case r.Timeout > 0:
 		secs := int64((r.Timeout + time.Second - 1) / time.Second)
 		f.TimeoutSeconds = &secs
+	case r.Timeout < 0:
+		none := int64(0) // the agent reads 0 as "no limit"
+		f.TimeoutSeconds = &none
 	}
 	return f
 }

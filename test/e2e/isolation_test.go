@@ -111,7 +111,7 @@ done`, lport, aport, lport, strings.TrimPrefix(d.Endpoint, "http://"))
 				mustRun(t, c, a.Name, "echo kept > /root/before-hog")
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 				defer cancel()
-				code, err := c.Exec(ctx, a.Name, cubicle.ExecRequest{Command: `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo ${#x}`, Shell: "/bin/bash", Timeout: 60, Stdout: io.Discard, Stderr: io.Discard})
+				code, err := c.Exec(ctx, a.Name, cubicle.ExecRequest{Command: `x=$(head -c 400000000 /dev/zero | tr '\0' a); echo ${#x}`, Shell: "/bin/bash", Timeout: 60 * time.Second, Stdout: io.Discard, Stderr: io.Discard})
 				if err == nil && code == 0 {
 					t.Fatal("a 400 MB allocation succeeded under a 128 MiB limit")
 				}
@@ -128,7 +128,7 @@ done`, lport, aport, lport, strings.TrimPrefix(d.Endpoint, "http://"))
 				ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 				defer cancel()
 				var out bytes.Buffer
-				_, err := c.Exec(ctx, b.Name, cubicle.ExecRequest{Command: `bomb() { bomb | bomb & }; bomb`, Shell: "/bin/bash", Timeout: 15, Stdout: &out, Stderr: &out})
+				_, err := c.Exec(ctx, b.Name, cubicle.ExecRequest{Command: `bomb() { bomb | bomb & }; bomb`, Shell: "/bin/bash", Timeout: 15 * time.Second, Stdout: &out, Stderr: &out})
 				t.Logf("fork bomb ended: %v", err)
 				if got := mustRun(t, c, a.Name, "echo alive"); got != "alive\n" {
 					t.Fatalf("other sandbox after fork bomb: %q", got)
