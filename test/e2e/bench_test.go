@@ -34,6 +34,13 @@ func percentiles(b *testing.B, ds []time.Duration) (p50, p95 float64) {
 	return p50, p95
 }
 
+// benchSandbox starts a daemon on runtime rt with one ready sandbox of ref.
+func benchSandbox(b *testing.B, rt, ref string) (*daemon, *protocol.Sandbox) {
+	d := startDaemon(b, rt, "")
+	sn := readySnapshot(b, d.Client, "bench", ref)
+	return d, newSandbox(b, d.Client, sn.ID, nil)
+}
+
 // BenchmarkCreateToFirstOutput measures, per driver, POST /boxes (waiting
 // for ready) until the first byte of `echo hi` arrives over the WebSocket.
 func BenchmarkCreateToFirstOutput(b *testing.B) {
@@ -82,9 +89,7 @@ func BenchmarkExecRoundTrip(b *testing.B) {
 	ref := testImage(b)
 	for _, rt := range runtimes() {
 		b.Run(rt, func(b *testing.B) {
-			d := startDaemon(b, rt, "")
-			sn := readySnapshot(b, d.Client, "bench", ref)
-			sb := newSandbox(b, d.Client, sn.ID, nil)
+			d, sb := benchSandbox(b, rt, ref)
 			ctx := context.Background()
 			var ds []time.Duration
 			for b.Loop() {
@@ -153,9 +158,7 @@ func BenchmarkStopStart(b *testing.B) {
 	ref := testImage(b)
 	for _, rt := range runtimes() {
 		b.Run(rt, func(b *testing.B) {
-			d := startDaemon(b, rt, "")
-			sn := readySnapshot(b, d.Client, "bench", ref)
-			sb := newSandbox(b, d.Client, sn.ID, nil)
+			d, sb := benchSandbox(b, rt, ref)
 			ctx := context.Background()
 			var ds []time.Duration
 			for b.Loop() {
@@ -202,9 +205,7 @@ func BenchmarkCatThroughput(b *testing.B) {
 	})
 	for _, rt := range runtimes() {
 		b.Run(rt, func(b *testing.B) {
-			d := startDaemon(b, rt, "")
-			sn := readySnapshot(b, d.Client, "bench", ref)
-			sb := newSandbox(b, d.Client, sn.ID, nil)
+			d, sb := benchSandbox(b, rt, ref)
 			ctx := context.Background()
 			mustRun(b, d.Client, sb.Name, "head -c 104857600 /dev/zero | tr '\\0' a > /tmp/100m")
 			var mbs []float64
