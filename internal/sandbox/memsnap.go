@@ -41,9 +41,10 @@ import (
 // something that can already connect from the host's network namespace
 // could use a leaked token, against every member of the family instead of
 // one. Not shared: the daemon's API credentials, which never enter a
-// sandbox. Restored branches also share the source's hostname, machine-id
-// and in-memory RNG state (so their random numbers may repeat until the
-// kernel reseeds); reset or restart a branch to give it its own.
+// sandbox. Each restored branch gets its own /etc/machine-id file, but
+// shares the source's hostname and in-memory state, including userspace
+// RNG state and any machine-id a process read before the capture (so random
+// numbers may repeat); reset or restart a branch to give it its own.
 
 const (
 	memoryImageDir = "image"

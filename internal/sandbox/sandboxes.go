@@ -133,7 +133,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	if first {
 		image, restore = m.memoryImage(sn)
 	}
-	if first && !restore {
+	if first {
 		if err := m.seedIdentity(ctx, rid, sn); err != nil {
 			return err
 		}

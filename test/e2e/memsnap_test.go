@@ -109,8 +109,16 @@ func TestMemorySnapshot(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("memory fork into 2: %v", time.Since(t0))
+		ids := map[string]string{"parent": strings.TrimSpace(mustRun(t, c, p.Name, "cat /etc/machine-id 2>/dev/null; true"))}
 		for _, b := range fork.Sandboxes {
 			wantCounting(t, c, b.Name, forkAt)
+			id := strings.TrimSpace(mustRun(t, c, b.Name, "cat /etc/machine-id"))
+			for who, other := range ids {
+				if id == "" || id == other {
+					t.Fatalf("branch %s machine-id %q is not its own (same as %s)", b.Name, id, who)
+				}
+			}
+			ids[b.Name] = id
 		}
 		wantCounting(t, c, p.Name, forkAt)
 
