@@ -148,6 +148,11 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		}
 		return m.cfg.Storage.Unmount(ctx, rid)
 	})
+	// fs_capacity_bytes is enforced, not just recorded, wherever the store
+	// can (btrfs qgroups); a store that cannot is logged, not fatal.
+	if enforced, err := m.cfg.Storage.Limit(ctx, rid, sb.FSCapacityBytes); err != nil || !enforced {
+		m.log.Warn("fs_capacity_bytes not enforced", "sandbox", sb.ID, "backend", m.cfg.Storage.Backend(), "err", err)
+	}
 	tMount := time.Now()
 	ep, err := m.cfg.Network.Setup(ctx, rid)
 	if err != nil {
