@@ -89,32 +89,32 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 		// Fork sleepers until fork fails, recording progress with builtins
 		// only; ash gives up at the first failed fork.
 		s.Exec(t, "i=0; while [ $i -lt 300 ]; do sleep 2 & i=$((i+1)); echo $i > /tmp/n; done")
-		// The sleepers hold the pids until they exit; retry until the
-		// sandbox can fork again.
-		var out string
-		for deadline := time.Now().Add(10 * time.Second); ; {
-			time.Sleep(500 * time.Millisecond)
-			// The agent itself may fail to fork the shell (EAGAIN, an
-			// error frame rather than an exit code): retry that too.
-			var o bytes.Buffer
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			code, err := s.Client.Exec(ctx, protocol.ExecFrame{Command: "cat /tmp/n", Shell: "/bin/sh"}, &o, nil)
-			cancel()
-			if err == nil && code == 0 {
-				o := o.String()
-				out = o
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("sandbox cannot fork 10 s after the bomb")
+		// The sleepers hold the pids until they exit (and the loop may fork
+		// more as they do): retry until the sandbox can fork again. The
+		// agent itself may fail to fork the shell (EAGAIN, an error frame
+		// rather than an exit code): that is retried too.
+		execWhenForkable := func(cmd string) string {
+			for deadline := time.Now().Add(15 * time.Second); ; {
+				var o bytes.Buffer
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				code, err := s.Client.Exec(ctx, protocol.ExecFrame{Command: cmd, Shell: "/bin/sh"}, &o, nil)
+				cancel()
+				if err == nil && code == 0 {
+					return o.String()
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("sandbox cannot run %q 15 s after the bomb: code %d, %v", cmd, code, err)
+				}
+				time.Sleep(500 * time.Millisecond)
 			}
 		}
-		n, _ := strconv.Atoi(strings.TrimSpace(out))
+		time.Sleep(500 * time.Millisecond)
+		n, _ := strconv.Atoi(strings.TrimSpace(execWhenForkable("cat /tmp/n")))
 		t.Logf("forked %d sleepers before the pids limit", n)
 		if n <= 0 || n >= max {
 			t.Errorf("forked %d sleepers, want fewer than PidsMax=%d", n, max)
 		}
-		if out := s.MustExec(t, "echo alive"); out != "alive\n" {
+		if out := execWhenForkable("echo alive"); out != "alive\n" {
 			t.Fatalf("agent after fork bomb: %q", out)
 		}
 		other := env.Start(t, d, runtime.Limits{PidsMax: max}, nil)
