@@ -70,9 +70,17 @@ type snapshot struct {
 
 func (e *testEnv) snapshot(t *testing.T) snapshot {
 	t.Helper()
-	links, err := netlink.LinkList()
+	// Only links holding an address of the test pool are this test's: other
+	// sandboxes on the host may come and go while it runs.
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		t.Fatal(err)
+	}
+	links := map[int]bool{}
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok && testPool.Contains(ip) {
+			links[a.LinkIndex] = true
+		}
 	}
 	nsFiles, _ := os.ReadDir(e.netnsDir)
 	recs, _ := os.ReadDir(e.stateDir)
@@ -184,7 +192,19 @@ type outside struct {
 func newOutside(t *testing.T, dir string) *outside {
 	t.Helper()
 	o := &outside{ns: filepath.Join(dir, "outside")}
+	// A /24 of 198.18/15 that nothing on the host uses yet (another test's
+	// leftovers would otherwise capture the route).
+	onHost, err := hostAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
 	third := byte(time.Now().UnixNano()%200) + 10
+	for i := 0; i < 200; i++ {
+		third = byte((int(third)-10+1)%200) + 10
+		if !onHost[netip.AddrFrom4([4]byte{198, 18, third, 1})] {
+			break
+		}
+	}
 	o.hostIP = netip.AddrFrom4([4]byte{198, 18, third, 1})
 	o.ip = netip.AddrFrom4([4]byte{198, 18, third, 2})
 	if err := createNetNS(o.ns); err != nil {
