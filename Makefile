@@ -18,9 +18,12 @@ $(BIN)/cubicle: FORCE
 $(BIN)/runsc: tools/runsc/go.mod tools/runsc/go.sum
 	cd tools/runsc && $(GOFLAGS_BIN) $(GO) build -o ../../$(BIN)/runsc gvisor.dev/gvisor/runsc
 
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
 lint:
 	@out=$$(gofmt -l cmd internal sdk test); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GO) run $(STATICCHECK) $(PKGS)
 
 # Packages run one at a time (-p 1): several of them program the host's
 # nftables and network namespaces.

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"strings"
 
@@ -40,40 +41,36 @@ func validateSearch(path string, limit int) error {
 // glob lists entries under path matching pattern (spec D7); the agent walks
 // the sandbox's own root. A missing path is a FileNotFound 404.
 func (s *Server) glob(w http.ResponseWriter, r *http.Request) {
-	var req protocol.GlobRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	if err := validateSearch(req.Path, req.Limit); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	dp, ok := s.dataplane(w, r)
-	if !ok {
-		return
-	}
-	defer dp.Release()
-	res, err := dp.Agent.Glob(r.Context(), agent.GlobRequest{Pattern: req.Pattern, Path: req.Path, Limit: req.Limit})
-	if err != nil {
-		writeAgentError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, res)
+	relaySearch(s, w, r, func(req protocol.GlobRequest) error {
+		return validateSearch(req.Path, req.Limit)
+	}, func(ctx context.Context, c *agent.Client, req protocol.GlobRequest) (any, error) {
+		return c.Glob(ctx, agent.GlobRequest{Pattern: req.Pattern, Path: req.Path, Limit: req.Limit})
+	})
 }
 
 // grep finds lines containing a literal pattern under path (spec D8).
 func (s *Server) grep(w http.ResponseWriter, r *http.Request) {
-	var req protocol.GrepRequest
+	relaySearch(s, w, r, func(req protocol.GrepRequest) error {
+		if req.Pattern == "" {
+			return errdefs.Field("pattern", "is required")
+		}
+		return validateSearch(req.Path, req.Limit)
+	}, func(ctx context.Context, c *agent.Client, req protocol.GrepRequest) (any, error) {
+		return c.Grep(ctx, agent.GrepRequest{Pattern: req.Pattern, Path: req.Path, Glob: req.Glob, Limit: req.Limit})
+	})
+}
+
+// relaySearch decodes and checks a search request, then runs it in the
+// sandbox's agent and writes the agent's answer (file errors mapped as for
+// downloads).
+func relaySearch[Req any](s *Server, w http.ResponseWriter, r *http.Request, check func(Req) error,
+	run func(context.Context, *agent.Client, Req) (any, error)) {
+	var req Req
 	if err := decode(r, &req); err != nil {
 		writeError(r.Context(), w, err)
 		return
 	}
-	if req.Pattern == "" {
-		writeValidation(w, "pattern", "is required")
-		return
-	}
-	if err := validateSearch(req.Path, req.Limit); err != nil {
+	if err := check(req); err != nil {
 		writeError(r.Context(), w, err)
 		return
 	}
@@ -82,7 +79,7 @@ func (s *Server) grep(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer dp.Release()
-	res, err := dp.Agent.Grep(r.Context(), agent.GrepRequest{Pattern: req.Pattern, Path: req.Path, Glob: req.Glob, Limit: req.Limit})
+	res, err := run(r.Context(), dp.Agent, req)
 	if err != nil {
 		writeAgentError(w, r, err)
 		return

@@ -196,7 +196,7 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 				return fmt.Errorf("mkdir: %w", err)
 			}
 		}
-	case tar.TypeReg, tar.TypeRegA, tar.TypeGNUSparse:
+	case tar.TypeReg, tar.TypeGNUSparse: // archive/tar reports legacy TypeRegA entries as TypeReg
 		if err := u.writeFile(pfd, base, r); err != nil {
 			return err
 		}

@@ -350,9 +350,9 @@ func TestPolicy(t *testing.T) {
 func TestIdempotenceAndRestart(t *testing.T) {
 	env := newEnv(t)
 	ctx := context.Background()
-	m := env.manager(t)
+	env.manager(t)
 	before := env.snapshot(t)
-	m = env.manager(t) // New is idempotent
+	m := env.manager(t) // New is idempotent
 	if s := env.snapshot(t); s != before {
 		t.Fatalf("second New changed state: %+v -> %+v", before, s)
 	}

@@ -1,8 +1,6 @@
 package e2e
 
 import (
-	"archive/tar"
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,7 +8,6 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/image/imagetest"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/vishvananda/netlink"
 )
 
@@ -51,15 +48,7 @@ func leakCounts(t testing.TB, d *daemon) counts {
 // brokenImage pushes the busybox image plus a layer that makes /.cubicle a
 // regular file, so the runtime cannot bind the agent there and boot fails.
 func brokenImage(t testing.TB) string {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: ".cubicle", Mode: 0o644, Size: 4, Typeflag: tar.TypeReg})
-	tw.Write([]byte("oops"))
-	tw.Close()
-	layer, err := tarball.LayerFromReader(bytes.NewReader(buf.Bytes()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	layer := imagetest.Layer(t, imagetest.File(".cubicle", 0o644, "oops"))
 	img, err := mutate.AppendLayers(imagetest.BusyboxImage(t), layer)
 	if err != nil {
 		t.Fatal(err)

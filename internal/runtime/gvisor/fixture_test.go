@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -83,7 +82,7 @@ func setupEnv() (e *env, skip string, err error) {
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		goBin = filepath.Join(goruntime.GOROOT(), "bin", "go")
+		return nil, "", fmt.Errorf("go toolchain not on PATH (needed to build the stand-in agent): %w", err)
 	}
 	cmd := exec.Command(goBin, "build", "-o", e.standin, "./testdata/standin")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
