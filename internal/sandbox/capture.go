@@ -83,7 +83,7 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 	sn := &store.Snapshot{
 		ID: uuid.NewString(), WorkspaceID: workspaceID, CreatedBy: user, Name: req.Name,
 		Status: protocol.SnapshotReady, DockerImage: parent.DockerImage, ImageDigest: parent.ImageDigest,
-		FSCapacityBytes: or(req.FSCapacityBytes, sb.FSCapacityBytes), SourceSandboxID: sb.ID,
+		FSCapacityBytes: or(req.FSCapacityBytes, sb.FSCapacityBytes), SourceSandboxID: sb.ID, ProxyConfig: sb.ProxyConfig,
 		RunConfig: parent.RunConfig.Layer(sb.RunConfig).Layer(req.RunConfig), CreatedAt: now, UpdatedAt: now,
 	}
 	var undo cleanup.Stack

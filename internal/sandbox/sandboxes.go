@@ -17,6 +17,8 @@ import (
 )
 
 // CreateSandbox validates req, records a provisioning sandbox and boots it.
+// A sandbox created from a captured snapshot without a proxy_config of its
+// own inherits the snapshot's (its source's egress policy).
 // With wait, it blocks until the sandbox is ready, failed, or timeout passes
 // (then it returns the provisioning record and an error wrapping
 // errdefs.ErrTimeout; the boot goes on in the background).
@@ -29,11 +31,12 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 	if err := validateSandboxRequest(req, lim, m.ttlUnit()); err != nil {
 		return nil, err
 	}
-	if err := m.validateEgress(req.ProxyConfig); err != nil {
-		return nil, err
-	}
 	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
 	if err != nil {
+		return nil, err
+	}
+	proxyConfig := proxyConfigOf(req.ProxyConfig, sn)
+	if err := m.validateEgress(ctx, proxyConfig); err != nil {
 		return nil, err
 	}
 	now := time.Now().UTC()
@@ -45,7 +48,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
 		DeleteAfterStopSeconds: or(req.DeleteAfterStopSeconds, lim.DefaultDeleteAfterStop),
 		RunConfig:              req.RunConfig, Token: m.agentToken(sn), CreatedAt: now, UpdatedAt: now,
-		ProxyConfig: proxyConfigOf(req.ProxyConfig),
+		ProxyConfig: proxyConfig,
 	}
 	if sb.Name == "" {
 		sb.Name = "sandbox-" + randomHex(4)
@@ -210,20 +213,15 @@ func hostname(sb *store.Sandbox) string {
 	return sb.Name
 }
 
-// visible loads a sandbox by name if the caller may see it: its creator and
+// visible loads a sandbox by id or name if the caller may see it: its creator and
 // the workspace's admins may; anyone else gets ErrNotFound.
 func (m *Manager) visible(ctx context.Context, name string) (*store.Sandbox, error) {
 	p, err := principalOf(ctx)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := m.cfg.Store.GetSandbox(ctx, p.WorkspaceID, name)
-	if errdefs.IsNotFound(err) && uuid.Validate(name) == nil {
-		// The OpenAPI docs let a sandbox be named by its id too.
-		if byID, ierr := m.cfg.Store.GetSandboxByID(ctx, name); ierr == nil && byID.WorkspaceID == p.WorkspaceID {
-			sb, err = byID, nil
-		}
-	}
+	// The OpenAPI docs let a sandbox be named by its id too; the id wins.
+	sb, err := m.Resolve(ctx, p.WorkspaceID, name)
 	if err != nil {
 		return nil, err
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"github.com/google/uuid"
 )
 
 // nameRE is what a sandbox or snapshot name may be: it appears in URL paths
@@ -17,9 +18,15 @@ var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
 // envNameRE is what an environment variable name may be.
 var envNameRE = regexp.MustCompile(`^[^=\x00]+$`)
 
+// validateName checks a sandbox or snapshot name. A name never parses as
+// a UUID (in any form uuid.Parse accepts): references take an id or a name,
+// and a name shaped like another record's id would capture its requests.
 func validateName(field, name string) error {
 	if !nameRE.MatchString(name) {
 		return errdefs.Field(field, "must be 1-63 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+	}
+	if _, err := uuid.Parse(name); err == nil {
+		return errdefs.Field(field, "must not be a UUID: ids and names share one namespace in references")
 	}
 	return nil
 }
