@@ -141,6 +141,13 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 			return err
 		}
 	}
+	// The boot's own writes (overlay's work dir, the CA bundle) get a
+	// reserve above fs_capacity_bytes, so a sandbox that filled its
+	// capacity still boots; the limit drops back once it is up.
+	if _, err := m.cfg.Storage.Prepare(ctx, rid); err != nil {
+		return err
+	}
+	m.limitFS(ctx, sb, sb.FSCapacityBytes+BootReserveBytes)
 	rootfs, err := m.cfg.Storage.Mount(ctx, rid, sn.Layers)
 	if err != nil {
 		return err
@@ -151,11 +158,6 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		}
 		return m.cfg.Storage.Unmount(ctx, rid)
 	})
-	// fs_capacity_bytes is enforced, not just recorded, wherever the store
-	// can (btrfs qgroups); a store that cannot is logged, not fatal.
-	if enforced, err := m.cfg.Storage.Limit(ctx, rid, sb.FSCapacityBytes); err != nil || !enforced {
-		m.log.Warn("fs_capacity_bytes not enforced", "sandbox", sb.ID, "backend", m.cfg.Storage.Backend(), "err", err)
-	}
 	tMount := time.Now()
 	ep, err := m.cfg.Network.Setup(ctx, rid)
 	if err != nil {
@@ -189,6 +191,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		return &BootError{Err: fmt.Errorf("wait for agent: %w", err)}
 	}
 	tAgent := time.Now()
+	m.limitFS(ctx, sb, sb.FSCapacityBytes)
 	sb.Status, sb.StatusMessage, sb.StoppedAt, sb.UpdatedAt = protocol.StatusReady, "", nil, time.Now().UTC()
 	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
 		return err
@@ -200,6 +203,21 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	m.log.Info("sandbox ready", "sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(), "restored", restore, "boot", time.Since(start),
 		"rootfs", tMount.Sub(start), "network", tNetwork.Sub(tMount), "egress", tNet.Sub(tNetwork), "driver", tDriver.Sub(tNet), "agent", tAgent.Sub(tDriver))
 	return nil
+}
+
+// BootReserveBytes is what a sandbox may hold above its fs_capacity_bytes
+// while it boots: room for the runtime's own writes (overlay's work dir,
+// the CA bundle, btrfs metadata), so a full sandbox still starts and its
+// user can delete files. Outside a boot the limit is fs_capacity_bytes.
+const BootReserveBytes = 4 << 20
+
+// limitFS caps sb's filesystem at bytes: fs_capacity_bytes is enforced,
+// not just recorded, wherever the store can (btrfs qgroups); a store that
+// cannot is logged, not fatal.
+func (m *Manager) limitFS(ctx context.Context, sb *store.Sandbox, bytes int64) {
+	if enforced, err := m.cfg.Storage.Limit(ctx, runtimeID(sb.ID), bytes); err != nil || !enforced {
+		m.log.Warn("fs_capacity_bytes not enforced", "sandbox", sb.ID, "backend", m.cfg.Storage.Backend(), "err", err)
+	}
 }
 
 // hostname is the sandbox's UTS hostname: its name when that is a valid
