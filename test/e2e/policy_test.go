@@ -80,7 +80,7 @@ const inheritedPolicy = `{"access_control":{"allow_list":["allowed.test","secure
 // restored from memory, and every sandbox created from its captured
 // snapshot, is held to the parent's egress allow list and header rules and
 // has its limits, TTLs and run_config — a branch used to get open internet.
-// The policy also survives a daemon crash.
+// The policy also survives a reset and a daemon crash.
 func TestForkInheritsPolicy(t *testing.T) {
 	for _, rt := range runtimes() {
 		t.Run(rt, func(t *testing.T) { testForkInheritsPolicy(t, rt) })
@@ -145,6 +145,12 @@ func testForkInheritsPolicy(t *testing.T, rt string) {
 			r.Name, r.ProxyConfig = "pol-explicit", json.RawMessage(`{}`)
 		})
 		allowed(t, c, open.Name, wgetName("denied.test", e.in.addr(1)), "host=denied.test")
+	})
+	t.Run("after a reset", func(t *testing.T) {
+		if _, err := c.ResetSandbox(ctx, "pol-cold", ""); err != nil {
+			t.Fatal(err)
+		}
+		wantPolicy(t, e, "pol-cold", secret)
 	})
 	t.Run("after a daemon crash", func(t *testing.T) {
 		e.d.kill9()
