@@ -48,7 +48,7 @@ func (m *Manager) CaptureSnapshot(ctx context.Context, name string, req protocol
 }
 
 func validateCaptureRequest(req protocol.CaptureSnapshotRequest, lim LimitPolicy) error {
-	if err := validateName("name", req.Name); err != nil {
+	if err := store.ValidateName("name", req.Name); err != nil {
 		return err
 	}
 	if req.DockerImage != "" {

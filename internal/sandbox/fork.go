@@ -39,7 +39,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		return nil, errdefs.Field("names", "must have count (%d) entries when given", req.Count)
 	}
 	for _, n := range req.Names {
-		if err := validateName("names", n); err != nil {
+		if err := store.ValidateName("names", n); err != nil {
 			return nil, err
 		}
 	}

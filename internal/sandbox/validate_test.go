@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -69,10 +70,10 @@ func TestValidateUpdateRequest(t *testing.T) {
 	}
 }
 
-// TestNamesNeverParseAsUUIDs: a sandbox or snapshot named like another
-// record's id would capture requests meant for it (DELETE /boxes/<id>), so
-// every form uuid.Parse accepts is refused on create, rename and capture,
-// naming the field.
+// TestNamesNeverParseAsUUIDs: a sandbox, snapshot or registry named like
+// another record's id would capture requests meant for it (DELETE
+// /boxes/<id>), so every form uuid.Parse accepts is refused on create,
+// rename and capture, naming the field.
 func TestNamesNeverParseAsUUIDs(t *testing.T) {
 	id := "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
 	for _, name := range []string{id, "3F2504E0-4F89-41D3-9A0C-0305E82C3301", "3f2504e04f8941d39a0c0305e82c3301"} {
@@ -90,7 +91,7 @@ func TestNamesNeverParseAsUUIDs(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"box-1", "3f2504e0-4f89-41d3-9a0c", "deadbeef"} {
-		if err := validateName("name", name); err != nil {
+		if err := store.ValidateName("name", name); err != nil {
 			t.Errorf("%q refused: %v", name, err)
 		}
 	}
