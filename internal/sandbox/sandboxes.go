@@ -147,7 +147,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	if _, err := m.cfg.Storage.Prepare(ctx, rid); err != nil {
 		return err
 	}
-	m.limitFS(ctx, sb, sb.FSCapacityBytes+BootReserveBytes)
+	m.limitFS(ctx, sb, sb.FSCapacityBytes+bootReserveBytes)
 	rootfs, err := m.cfg.Storage.Mount(ctx, rid, sn.Layers)
 	if err != nil {
 		return err
@@ -205,11 +205,11 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	return nil
 }
 
-// BootReserveBytes is what a sandbox may hold above its fs_capacity_bytes
+// bootReserveBytes is what a sandbox may hold above its fs_capacity_bytes
 // while it boots: room for the runtime's own writes (overlay's work dir,
 // the CA bundle, btrfs metadata), so a full sandbox still starts and its
 // user can delete files. Outside a boot the limit is fs_capacity_bytes.
-const BootReserveBytes = 4 << 20
+const bootReserveBytes = 4 << 20
 
 // limitFS caps sb's filesystem at bytes: fs_capacity_bytes is enforced,
 // not just recorded, wherever the store can (btrfs qgroups); a store that
@@ -231,8 +231,8 @@ func hostname(sb *store.Sandbox) string {
 	return sb.Name
 }
 
-// visible loads a sandbox by id or name if the caller may see it: its creator and
-// the workspace's admins may; anyone else gets ErrNotFound.
+// visible loads a sandbox by id or name if the caller may see it: its
+// creator and the workspace's admins may; anyone else gets ErrNotFound.
 func (m *Manager) visible(ctx context.Context, name string) (*store.Sandbox, error) {
 	p, err := principalOf(ctx)
 	if err != nil {
