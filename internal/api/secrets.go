@@ -20,12 +20,15 @@ type egressAPI struct {
 
 // EnableEgress serves, under every control-plane prefix:
 //
-//	PUT    /secrets/{name}            {"value": "..."} → {name, created_at, updated_at}
-//	GET    /secrets                   {"secrets": [{name, created_at, updated_at}]}
+//	PUT    /secrets/{name}            {"value": "...", "members_may_use"?: bool} → {name, members_may_use, created_at, updated_at}
+//	GET    /secrets                   {"secrets": [{name, members_may_use, created_at, updated_at}]}
 //	DELETE /secrets/{name}
 //	GET    /boxes/{name}/egress-log   counters and recent decisions
 //
-// Secret values are never returned. Call it before serving.
+// Secret values are never returned. PUT and DELETE are for admins; GET
+// lists what the caller may reference in a proxy rule (secrets.Vault.MayUse):
+// everything for admins, the members_may_use secrets for members. Call it
+// before serving.
 func (s *Server) EnableEgress(vault *secrets.Vault, egress *proxy.Service) {
 	e := &egressAPI{s: s, vault: vault, egress: egress}
 	for _, p := range prefixes {
@@ -62,7 +65,8 @@ func (e *egressAPI) putSecret(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req struct {
-		Value *string `json:"value"`
+		Value         *string `json:"value"`
+		MembersMayUse bool    `json:"members_may_use"`
 	}
 	if err := decode(r, &req); err != nil {
 		writeError(r.Context(), w, err)
@@ -72,7 +76,7 @@ func (e *egressAPI) putSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, errdefs.Field("value", "is required"))
 		return
 	}
-	info, err := e.vault.Put(r.Context(), ws, name, []byte(*req.Value))
+	info, err := e.vault.Put(r.Context(), ws, name, []byte(*req.Value), req.MembersMayUse)
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return
@@ -81,12 +85,12 @@ func (e *egressAPI) putSecret(w http.ResponseWriter, r *http.Request) {
 }
 
 func (e *egressAPI) listSecrets(w http.ResponseWriter, r *http.Request) {
-	ws, err := secretAdmin(r)
-	if err != nil {
-		writeError(r.Context(), w, err)
+	p, ok := auth.FromContext(r.Context())
+	if !ok {
+		writeError(r.Context(), w, fmt.Errorf("no principal: %w", errdefs.ErrUnauthorized))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"secrets": e.vault.List(r.Context(), ws)})
+	writeJSON(w, http.StatusOK, map[string]any{"secrets": e.vault.List(r.Context(), p)})
 }
 
 func (e *egressAPI) deleteSecret(w http.ResponseWriter, r *http.Request) {

@@ -155,10 +155,11 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 		DisableCompression:    true, // relay bytes as the service sent them
 	}
 	return &httputil.ReverseProxy{
-		Rewrite:       rewrite,
-		Transport:     tr,
-		FlushInterval: -1,
-		ErrorLog:      slog.NewLogLogger(g.cfg.Logger.Handler(), slog.LevelDebug),
+		Rewrite:        rewrite,
+		ModifyResponse: stripGatewayCookies,
+		Transport:      tr,
+		FlushInterval:  -1,
+		ErrorLog:       slog.NewLogLogger(g.cfg.Logger.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			g.cfg.WriteError(r.Context(), w, fmt.Errorf("reach sandbox service: %v: %w", err, errdefs.ErrUnavailable))
 		},

@@ -375,3 +375,66 @@ func TestStreamingFlushes(t *testing.T) {
 		t.Fatal("first event held back until the stream ends")
 	}
 }
+
+// TestHostileServiceCannotPlantTokenCookie: path-form services share the
+// daemon's origin, so a service's Set-Cookie for the gateway's token cookie
+// (any Domain, Path or case) would land in the browser for every sandbox:
+// the gateway drops it and passes the service's own cookies. The gateway's
+// cookie is scoped to /s/<id>/<port>/, even when the link used the name.
+func TestHostileServiceCannotPlantTokenCookie(t *testing.T) {
+	planted := []string{
+		cookieName + "=planted; Path=/",
+		cookieName + "=planted; Path=/s/; Domain=127.0.0.1",
+		" " + strings.ToUpper(cookieName) + " = planted",
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		for _, c := range planted {
+			w.Header().Add("Set-Cookie", c)
+		}
+		w.Header().Add("Set-Cookie", "app=1; Path=/")
+		json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Path, "header": r.Header})
+	})
+	hostile := httptest.NewServer(mux)
+	defer hostile.Close()
+	_, p, _ := net.SplitHostPort(hostile.Listener.Addr().String())
+	port, _ := strconv.Atoi(p)
+	g, _, sb := newTestGateway(t, "")
+	other := &store.Sandbox{ID: "7c0d2a51-aaaa-4bbb-8ccc-ddddeeeeffff", Name: "other", WorkspaceID: "w", CreatedBy: "alice"}
+	g.cfg.Sandboxes.(*fakeSandboxes).sbs[other.ID] = other
+	link, err := g.IssueService(context.Background(), sb, port, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar}
+	byName := strings.Replace(link.BrowserURL, "/s/"+sb.ID+"/", "/s/"+sb.Name+"/", 1)
+	resp, e := get(t, c, byName, nil)
+	if resp.StatusCode != 200 || resp.Request.URL.Path != "/s/"+sb.ID+"/"+p+"/" || e.Path != "/" {
+		t.Fatalf("browser_url by name: %d, landed on %s, service saw %q", resp.StatusCode, resp.Request.URL.Path, e.Path)
+	}
+	if got := resp.Header.Values("Set-Cookie"); len(got) != 1 || got[0] != "app=1; Path=/" {
+		t.Errorf("Set-Cookie relayed from the service: %q", got)
+	}
+	base, _ := url.Parse(link.ServiceURL)
+	for path, want := range map[string]int{
+		"/s/" + sb.ID + "/" + p + "/":      1, // the gateway's own cookie
+		"/s/" + sb.Name + "/" + p + "/":    0,
+		"/s/" + other.ID + "/" + p + "/":   0,
+		"/s/" + sb.ID + "/" + p + "1/":     0,
+		"/s/" + other.Name + "/" + p + "/": 0,
+	} {
+		n := 0
+		for _, ck := range jar.Cookies(base.ResolveReference(&url.URL{Path: path})) {
+			if strings.EqualFold(ck.Name, cookieName) {
+				if ck.Value == "planted" {
+					t.Errorf("%s: planted token cookie", path)
+				}
+				n++
+			}
+		}
+		if n != want {
+			t.Errorf("%s: %d token cookies, want %d", path, n, want)
+		}
+	}
+}

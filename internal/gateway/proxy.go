@@ -30,8 +30,17 @@ type route struct {
 	rest string
 }
 
-// cookiePath scopes the token cookie to this sandbox and port.
-func (rt route) cookiePath() string { return rt.prefix + "/" }
+// cookiePrefix is the path the token cookie for claims c is scoped to on
+// rt, without the trailing slash: in the path form, whose origin every
+// sandbox shares, /s/<sandbox id>/<port> (by id, so a cookie set through a
+// name does not follow the name to another sandbox); "" in the host form,
+// where the cookie is host-only and the host names sandbox and port.
+func (rt route) cookiePrefix(c Claims) string {
+	if rt.prefix == "" {
+		return ""
+	}
+	return "/s/" + url.PathEscape(c.Sandbox) + "/" + strconv.Itoa(rt.port)
+}
 
 // ServeHTTP serves host-form requests (any path) and the /s/ tree:
 // /s/login and /s/<sandbox>/<port>/... .
@@ -178,24 +187,30 @@ func (g *Gateway) claimsFor(ctx context.Context, tok string, rt route) (Claims, 
 }
 
 // setCookie checks a browser_url token, stores it in an HttpOnly cookie
-// scoped to this sandbox and port, and redirects to the same URL without
-// the token, so it leaves the address bar and never reaches the service.
+// scoped to this sandbox and port (see cookiePrefix), and redirects to the
+// same URL — in the path form, by the sandbox's id — without the token, so
+// it leaves the address bar and never reaches the service.
 func (g *Gateway) setCookie(w http.ResponseWriter, r *http.Request, rt route, tok string) {
 	c, err := g.claimsFor(r.Context(), tok, rt)
 	if err != nil {
 		g.cfg.WriteError(r.Context(), w, err)
 		return
 	}
+	prefix := rt.cookiePrefix(c)
 	http.SetCookie(w, &http.Cookie{
-		Name: cookieName, Value: tok, Path: rt.cookiePath(), Expires: c.ExpiresAt(),
+		Name: cookieName, Value: tok, Path: prefix + "/", Expires: c.ExpiresAt(),
 		HttpOnly: true, Secure: r.TLS != nil || g.public.Scheme == "https", SameSite: http.SameSiteLaxMode,
 	})
 	q := r.URL.Query()
 	q.Del("token")
-	u := url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: q.Encode()}
+	// One leading slash: "//host/..." would redirect off the gateway.
+	target := prefix + "/" + strings.TrimLeft(rt.rest, "/")
+	if len(q) > 0 {
+		target += "?" + q.Encode()
+	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Referrer-Policy", "no-referrer")
-	http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+	http.Redirect(w, r, target, http.StatusSeeOther)
 }
 
 // loginURL is where a browser without a token is sent.
@@ -229,6 +244,31 @@ func rewrite(pr *httputil.ProxyRequest) {
 		out.Header.Set("X-Forwarded-Prefix", fw.prefix)
 	}
 	stripCredentials(out.Header)
+}
+
+// stripGatewayCookies drops the Set-Cookie headers of a service's
+// response that would set the gateway's token cookie, whatever their
+// Domain or Path: in the path form every sandbox shares the daemon's
+// origin, so a hostile service could otherwise plant or replace the token
+// cookie of other sandboxes and ports. The service's own cookies pass.
+func stripGatewayCookies(resp *http.Response) error {
+	lines := resp.Header.Values("Set-Cookie")
+	kept := lines[:0:0]
+	for _, line := range lines {
+		pair, _, _ := strings.Cut(line, ";")
+		name, _, _ := strings.Cut(pair, "=")
+		if !strings.EqualFold(strings.TrimSpace(name), cookieName) {
+			kept = append(kept, line)
+		}
+	}
+	switch {
+	case len(kept) == len(lines):
+	case len(kept) == 0:
+		resp.Header.Del("Set-Cookie")
+	default:
+		resp.Header["Set-Cookie"] = kept
+	}
+	return nil
 }
 
 // stripCredentials removes the service token header, API keys and the token

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
@@ -153,6 +154,27 @@ func Parse(raw []byte) (*Policy, error) {
 		p.Rules = append(p.Rules, r)
 	}
 	return p, nil
+}
+
+// SecretNames lists the workspace secrets p's rules reference (header
+// values and AWS keys), each once, in rule order.
+func (p *Policy) SecretNames() []string {
+	var out []string
+	add := func(h Header) {
+		if h.Type == "workspace_secret" && !slices.Contains(out, h.Value) {
+			out = append(out, h.Value)
+		}
+	}
+	for _, r := range p.Rules {
+		for _, h := range r.Headers {
+			add(h)
+		}
+		if r.AWS != nil {
+			add(r.AWS.AccessKeyID)
+			add(r.AWS.SecretAccessKey)
+		}
+	}
+	return out
 }
 
 func (p *Policy) addPattern(s string) error {

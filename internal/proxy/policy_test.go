@@ -1,10 +1,13 @@
 package proxy
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"testing"
 
+	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
@@ -83,5 +86,44 @@ func TestRules(t *testing.T) {
 	}
 	if r := p.RulesFor("a.y.com", "/"); len(r) != 1 || r[0].Headers[0].Type != "opaque" || r[0].Headers[0].Value != "v" {
 		t.Fatalf("opaque = %+v", r)
+	}
+}
+
+// grantOnly lets principals use only the secret names it holds.
+type grantOnly map[string]bool
+
+func (g grantOnly) Secret(ctx context.Context, ws, name string) ([]byte, error) { return nil, nil }
+func (g grantOnly) MayUse(ctx context.Context, p auth.Principal, name string) error {
+	if p.IsAdmin() || g[name] {
+		return nil
+	}
+	return fmt.Errorf("secret %s: %w", name, errdefs.ErrForbidden)
+}
+
+// TestValidateChecksEverySecretReference: a proxy_config is refused when a
+// header rule or an AWS rule references a workspace secret the caller may
+// not use (a rule toward a host the caller controls would read it), and
+// accepted when every reference is granted; disabled rules are not
+// enforced, so they are not checked.
+func TestValidateChecksEverySecretReference(t *testing.T) {
+	s := &Service{cfg: Config{Secrets: grantOnly{"SHARED": true}}}
+	member := auth.Principal{WorkspaceID: "w", User: "bob", Role: "member"}
+	header := func(name string) string {
+		return `{"rules":[{"name":"r","match_hosts":["attacker.example"],"headers":[{"name":"X","type":"workspace_secret","value":"{` + name + `}"}]}]}`
+	}
+	aws := `{"rules":[{"name":"a","type":"aws","aws":{"access_key_id":"AK","secret_access_key":{"type":"workspace_secret","value":"{ADMIN_ONLY}"}}}]}`
+	disabled := `{"rules":[{"name":"d","enabled":false,"match_hosts":["x.example"],"headers":[{"name":"X","type":"workspace_secret","value":"{ADMIN_ONLY}"}]}]}`
+	ctx := context.Background()
+	for _, c := range []struct {
+		cfg string
+		ok  bool
+	}{{header("SHARED"), true}, {header("ADMIN_ONLY"), false}, {aws, false}, {disabled, true}, {`{"rules":[]}`, true}} {
+		err := s.Validate(ctx, member, []byte(c.cfg))
+		if (err == nil) != c.ok || err != nil && !errors.Is(err, errdefs.ErrForbidden) {
+			t.Errorf("%s: %v, want ok=%v", c.cfg, err, c.ok)
+		}
+	}
+	if err := s.Validate(ctx, auth.Principal{WorkspaceID: "w", Role: "admin"}, []byte(aws)); err != nil {
+		t.Errorf("admin: %v", err)
 	}
 }

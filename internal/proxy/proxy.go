@@ -39,6 +39,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 )
@@ -46,6 +47,11 @@ import (
 // SecretSource resolves workspace secrets by name (internal/secrets.Vault).
 type SecretSource interface {
 	Secret(ctx context.Context, workspaceID, name string) ([]byte, error)
+	// MayUse returns nil if p may reference secret name in a proxy rule
+	// (a rule can send the value to a host of its author's choosing, so
+	// this is the right to read it), else an error wrapping
+	// errdefs.ErrForbidden.
+	MayUse(ctx context.Context, p auth.Principal, name string) error
 }
 
 // Config configures a Service. Fields left zero get defaults.
@@ -168,10 +174,22 @@ func (s *Service) Close() error {
 	return err
 }
 
-// Validate parses a proxy_config without applying it.
-func (s *Service) Validate(cfg []byte) error {
-	_, err := Parse(cfg)
-	return err
+// Validate parses a proxy_config without applying it and checks that p
+// may use every workspace secret its rules reference.
+func (s *Service) Validate(ctx context.Context, p auth.Principal, cfg []byte) error {
+	pol, err := Parse(cfg)
+	if err != nil {
+		return err
+	}
+	for _, name := range pol.SecretNames() {
+		if s.cfg.Secrets == nil {
+			return errdefs.Field("proxy_config.rules", "workspace secrets are not configured on this server")
+		}
+		if err := s.cfg.Secrets.MayUse(ctx, p, name); err != nil {
+			return fmt.Errorf("proxy_config.rules: %w", err)
+		}
+	}
+	return nil
 }
 
 // Attach enforces cfg (raw proxy_config; nil means none) for the sandbox id

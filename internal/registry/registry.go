@@ -11,7 +11,6 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"regexp"
 	"strings"
 	"time"
 
@@ -34,9 +33,6 @@ type Service struct {
 
 // New returns a Service storing records in st and sealing passwords with box.
 func New(st store.Store, box *secrets.Box) *Service { return &Service{st: st, box: box} }
-
-// nameRE is what a registry name may be (it appears in URL paths).
-var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
 
 // maxField bounds url, username and password lengths.
 const maxField = 4096
@@ -84,8 +80,8 @@ func imageHost(ref string) (string, error) {
 }
 
 func validate(r *store.Registry, password string) error {
-	if !nameRE.MatchString(r.Name) {
-		return errdefs.Field("name", "must be 1-63 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
+	if err := store.ValidateName("name", r.Name); err != nil {
+		return err
 	}
 	if _, err := Host(r.URL); err != nil {
 		return err

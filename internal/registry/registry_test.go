@@ -100,6 +100,15 @@ func TestUpdateRenameConflictAndValidation(t *testing.T) {
 	if _, err := s.Create(ctx, protocol.CreateRegistryRequest{Name: "c", URL: "reg.example.com", Username: "u"}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("missing password: %v, want invalid", err)
 	}
+	// registry_id takes an id or a name: a name never looks like an id.
+	var fe *errdefs.FieldError
+	asID := "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+	if _, err := s.Create(ctx, protocol.CreateRegistryRequest{Name: asID, URL: "reg.example.com", Username: "u", Password: "p"}); !errors.As(err, &fe) || fe.Field != "name" {
+		t.Fatalf("UUID name on create: %v, want a name field error", err)
+	}
+	if _, err := s.Update(ctx, "a", protocol.UpdateRegistryRequest{Name: &asID}); !errors.As(err, &fe) || fe.Field != "name" {
+		t.Fatalf("rename to a UUID: %v, want a name field error", err)
+	}
 	pw, c := "new", "c"
 	r, err := s.Update(ctx, "a", protocol.UpdateRegistryRequest{Name: &c, Password: &pw})
 	if err != nil || r.Name != "c" || r.UpdatedBy != "alice" {

@@ -48,7 +48,7 @@ func (m *Manager) CaptureSnapshot(ctx context.Context, name string, req protocol
 }
 
 func validateCaptureRequest(req protocol.CaptureSnapshotRequest, lim LimitPolicy) error {
-	if err := validateName("name", req.Name); err != nil {
+	if err := store.ValidateName("name", req.Name); err != nil {
 		return err
 	}
 	if req.DockerImage != "" {
@@ -83,7 +83,7 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 	sn := &store.Snapshot{
 		ID: uuid.NewString(), WorkspaceID: workspaceID, CreatedBy: user, Name: req.Name,
 		Status: protocol.SnapshotReady, DockerImage: parent.DockerImage, ImageDigest: parent.ImageDigest,
-		FSCapacityBytes: or(req.FSCapacityBytes, sb.FSCapacityBytes), SourceSandboxID: sb.ID,
+		FSCapacityBytes: or(req.FSCapacityBytes, sb.FSCapacityBytes), SourceSandboxID: sb.ID, ProxyConfig: sb.ProxyConfig,
 		RunConfig: parent.RunConfig.Layer(sb.RunConfig).Layer(req.RunConfig), CreatedAt: now, UpdatedAt: now,
 	}
 	var undo cleanup.Stack

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -16,8 +17,10 @@ import (
 // only tells it when a sandbox's network comes and goes and when its config
 // changes, and knows nothing of how it is enforced.
 type Egress interface {
-	// Validate checks a raw proxy_config, returning errdefs.FieldErrors.
-	Validate(cfg []byte) error
+	// Validate checks a raw proxy_config, returning errdefs.FieldErrors,
+	// and that p may use every workspace secret it references
+	// (errdefs.ErrForbidden otherwise).
+	Validate(ctx context.Context, p auth.Principal, cfg []byte) error
 	// Attach enforces cfg (nil: none) for sandbox id of workspace on ep.
 	// Idempotent: boot, PATCH and recovery all call it.
 	Attach(ctx context.Context, id, workspace string, ep *network.Endpoint, cfg []byte) error
@@ -34,16 +37,23 @@ func hasProxyConfig(raw []byte) bool {
 	return len(raw) > 0 && string(raw) != "null"
 }
 
-// validateEgress checks a proxy_config against the enforcer, refusing one
-// that cannot be enforced because the daemon runs without a proxy.
-func (m *Manager) validateEgress(cfg []byte) error {
+// validateEgress checks a proxy_config against the enforcer for the caller
+// in ctx, refusing one that cannot be enforced because the daemon runs
+// without a proxy. Every path that gives a sandbox a proxy_config (create,
+// inherited from a snapshot or fork, PATCH) goes through it under the
+// principal asking, so nobody gets a rule using a secret they may not read.
+func (m *Manager) validateEgress(ctx context.Context, cfg []byte) error {
 	if !hasProxyConfig(cfg) {
 		return nil
 	}
 	if m.cfg.Egress == nil {
 		return errdefs.Field("proxy_config", "this server runs without an egress proxy")
 	}
-	return m.cfg.Egress.Validate(cfg)
+	p, err := principalOf(ctx)
+	if err != nil {
+		return err
+	}
+	return m.cfg.Egress.Validate(ctx, p, cfg)
 }
 
 // egressUp runs in boot between network setup and the driver: it makes
@@ -96,7 +106,7 @@ func (m *Manager) SetProxyConfig(ctx context.Context, id string, cfg []byte) err
 	if sb.Status != protocol.StatusReady {
 		return fmt.Errorf("sandbox %s is %s; proxy_config can only be changed while it is ready: %w", sb.Name, sb.Status, ErrInvalidRequest)
 	}
-	if err := m.validateEgress(cfg); err != nil {
+	if err := m.validateEgress(ctx, cfg); err != nil {
 		return err
 	}
 	if m.cfg.Egress == nil {
@@ -110,8 +120,13 @@ func (m *Manager) SetProxyConfig(ctx context.Context, id string, cfg []byte) err
 }
 
 // proxyConfigOf is the stored form of a create request's proxy_config: a
-// copy, or nil when absent.
-func proxyConfigOf(raw []byte) []byte {
+// copy of raw, or when raw is absent (or null) the policy inherited from
+// snapshot sn (nil if it has none). Giving one replaces the inherited
+// policy, so dropping it takes an explicit {}.
+func proxyConfigOf(raw []byte, sn *store.Snapshot) []byte {
+	if !hasProxyConfig(raw) {
+		raw = sn.ProxyConfig
+	}
 	if !hasProxyConfig(raw) {
 		return nil
 	}

@@ -23,7 +23,9 @@ type ForkResult struct {
 }
 
 // Fork captures sandbox name and boots req.Count branches from the
-// capture, in parallel, each with its own name (hostname) and machine-id.
+// capture, in parallel, each with its own name (hostname) and machine-id,
+// and with every policy of the parent: egress policy and rules, limits,
+// TTLs and run_config.
 // With req.IncludeMemory the capture includes memory and every branch is
 // restored from it instead (see memsnap.go): it resumes the parent's
 // processes, keeping their hostname and machine-id.
@@ -37,12 +39,17 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		return nil, errdefs.Field("names", "must have count (%d) entries when given", req.Count)
 	}
 	for _, n := range req.Names {
-		if err := validateName("names", n); err != nil {
+		if err := store.ValidateName("names", n); err != nil {
 			return nil, err
 		}
 	}
 	parent, err := m.visible(ctx, name)
 	if err != nil {
+		return nil, err
+	}
+	// Branches inherit the parent's egress policy through the capture;
+	// check the caller may hold it before capturing anything.
+	if err := m.validateEgress(ctx, parent.ProxyConfig); err != nil {
 		return nil, err
 	}
 	snapName := req.SnapshotName
@@ -72,10 +79,14 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		if len(req.Names) > 0 {
 			bname = req.Names[i]
 		}
+		// Every policy of the parent carries over: limits and TTLs here,
+		// its run_config layer, and its proxy_config (egress and rules)
+		// inherited from the capture (v.ProxyConfig).
 		creq := protocol.CreateSandboxRequest{
 			WaitForReady: &wait, Timeout: &timeout, SnapshotID: v.ID, Name: bname,
 			IdleTTLSeconds: &parent.IdleTTLSeconds, DeleteAfterStopSeconds: &parent.DeleteAfterStopSeconds,
 			VCPUs: &parent.VCPUs, MemBytes: &parent.MemBytes, FSCapacityBytes: &parent.FSCapacityBytes,
+			RunConfig: parent.RunConfig,
 		}
 		wg.Add(1)
 		go func() {

@@ -17,6 +17,8 @@ import (
 )
 
 // CreateSandbox validates req, records a provisioning sandbox and boots it.
+// A sandbox created from a captured snapshot without a proxy_config of its
+// own inherits the snapshot's (its source's egress policy).
 // With wait, it blocks until the sandbox is ready, failed, or timeout passes
 // (then it returns the provisioning record and an error wrapping
 // errdefs.ErrTimeout; the boot goes on in the background).
@@ -29,11 +31,12 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 	if err := validateSandboxRequest(req, lim, m.ttlUnit()); err != nil {
 		return nil, err
 	}
-	if err := m.validateEgress(req.ProxyConfig); err != nil {
-		return nil, err
-	}
 	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
 	if err != nil {
+		return nil, err
+	}
+	proxyConfig := proxyConfigOf(req.ProxyConfig, sn)
+	if err := m.validateEgress(ctx, proxyConfig); err != nil {
 		return nil, err
 	}
 	now := time.Now().UTC()
@@ -45,7 +48,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
 		DeleteAfterStopSeconds: or(req.DeleteAfterStopSeconds, lim.DefaultDeleteAfterStop),
 		RunConfig:              req.RunConfig, Token: m.agentToken(sn), CreatedAt: now, UpdatedAt: now,
-		ProxyConfig: proxyConfigOf(req.ProxyConfig),
+		ProxyConfig: proxyConfig,
 	}
 	if sb.Name == "" {
 		sb.Name = "sandbox-" + randomHex(4)
@@ -138,6 +141,13 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 			return err
 		}
 	}
+	// The boot's own writes (overlay's work dir, the CA bundle) get a
+	// reserve above fs_capacity_bytes, so a sandbox that filled its
+	// capacity still boots; the limit drops back once it is up.
+	if _, err := m.cfg.Storage.Prepare(ctx, rid); err != nil {
+		return err
+	}
+	m.limitFS(ctx, sb, sb.FSCapacityBytes+bootReserveBytes)
 	rootfs, err := m.cfg.Storage.Mount(ctx, rid, sn.Layers)
 	if err != nil {
 		return err
@@ -148,11 +158,6 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		}
 		return m.cfg.Storage.Unmount(ctx, rid)
 	})
-	// fs_capacity_bytes is enforced, not just recorded, wherever the store
-	// can (btrfs qgroups); a store that cannot is logged, not fatal.
-	if enforced, err := m.cfg.Storage.Limit(ctx, rid, sb.FSCapacityBytes); err != nil || !enforced {
-		m.log.Warn("fs_capacity_bytes not enforced", "sandbox", sb.ID, "backend", m.cfg.Storage.Backend(), "err", err)
-	}
 	tMount := time.Now()
 	ep, err := m.cfg.Network.Setup(ctx, rid)
 	if err != nil {
@@ -186,6 +191,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		return &BootError{Err: fmt.Errorf("wait for agent: %w", err)}
 	}
 	tAgent := time.Now()
+	m.limitFS(ctx, sb, sb.FSCapacityBytes)
 	sb.Status, sb.StatusMessage, sb.StoppedAt, sb.UpdatedAt = protocol.StatusReady, "", nil, time.Now().UTC()
 	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
 		return err
@@ -199,6 +205,21 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	return nil
 }
 
+// bootReserveBytes is what a sandbox may hold above its fs_capacity_bytes
+// while it boots: room for the runtime's own writes (overlay's work dir,
+// the CA bundle, btrfs metadata), so a full sandbox still starts and its
+// user can delete files. Outside a boot the limit is fs_capacity_bytes.
+const bootReserveBytes = 4 << 20
+
+// limitFS caps sb's filesystem at bytes: fs_capacity_bytes is enforced,
+// not just recorded, wherever the store can (btrfs qgroups); a store that
+// cannot is logged, not fatal.
+func (m *Manager) limitFS(ctx context.Context, sb *store.Sandbox, bytes int64) {
+	if enforced, err := m.cfg.Storage.Limit(ctx, runtimeID(sb.ID), bytes); err != nil || !enforced {
+		m.log.Warn("fs_capacity_bytes not enforced", "sandbox", sb.ID, "backend", m.cfg.Storage.Backend(), "err", err)
+	}
+}
+
 // hostname is the sandbox's UTS hostname: its name when that is a valid
 // hostname, else a stable one from its id.
 func hostname(sb *store.Sandbox) string {
@@ -210,20 +231,15 @@ func hostname(sb *store.Sandbox) string {
 	return sb.Name
 }
 
-// visible loads a sandbox by name if the caller may see it: its creator and
-// the workspace's admins may; anyone else gets ErrNotFound.
+// visible loads a sandbox by id or name if the caller may see it: its
+// creator and the workspace's admins may; anyone else gets ErrNotFound.
 func (m *Manager) visible(ctx context.Context, name string) (*store.Sandbox, error) {
 	p, err := principalOf(ctx)
 	if err != nil {
 		return nil, err
 	}
-	sb, err := m.cfg.Store.GetSandbox(ctx, p.WorkspaceID, name)
-	if errdefs.IsNotFound(err) && uuid.Validate(name) == nil {
-		// The OpenAPI docs let a sandbox be named by its id too.
-		if byID, ierr := m.cfg.Store.GetSandboxByID(ctx, name); ierr == nil && byID.WorkspaceID == p.WorkspaceID {
-			sb, err = byID, nil
-		}
-	}
+	// The OpenAPI docs let a sandbox be named by its id too; the id wins.
+	sb, err := m.Resolve(ctx, p.WorkspaceID, name)
 	if err != nil {
 		return nil, err
 	}

@@ -7,22 +7,12 @@ import (
 	"regexp"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
-// nameRE is what a sandbox or snapshot name may be: it appears in URL paths
-// and hostnames, so keep it to a DNS-label-like alphabet.
-var nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9._-]{0,62}$`)
-
 // envNameRE is what an environment variable name may be.
 var envNameRE = regexp.MustCompile(`^[^=\x00]+$`)
-
-func validateName(field, name string) error {
-	if !nameRE.MatchString(name) {
-		return errdefs.Field(field, "must be 1-63 characters of letters, digits, '.', '_' or '-', starting with a letter or digit")
-	}
-	return nil
-}
 
 func validateRunConfig(field string, rc *protocol.RunConfig) error {
 	if rc == nil {
@@ -80,7 +70,7 @@ func validateSize(field string, v *int64, max int64) error {
 }
 
 func validateSnapshotRequest(req protocol.CreateSnapshotRequest, lim LimitPolicy) error {
-	if err := validateName("name", req.Name); err != nil {
+	if err := store.ValidateName("name", req.Name); err != nil {
 		return err
 	}
 	if req.DockerImage == "" {
@@ -95,7 +85,7 @@ func validateSnapshotRequest(req protocol.CreateSnapshotRequest, lim LimitPolicy
 
 func validateSandboxRequest(req protocol.CreateSandboxRequest, lim LimitPolicy, ttlUnit int64) error {
 	if req.Name != "" {
-		if err := validateName("name", req.Name); err != nil {
+		if err := store.ValidateName("name", req.Name); err != nil {
 			return err
 		}
 	}
@@ -134,7 +124,7 @@ func validateSandboxRequest(req protocol.CreateSandboxRequest, lim LimitPolicy, 
 // state, which the manager checks under the sandbox's lock).
 func validateUpdateRequest(req protocol.UpdateSandboxRequest, ttlUnit int64) error {
 	if req.Name != nil {
-		if err := validateName("name", *req.Name); err != nil {
+		if err := store.ValidateName("name", *req.Name); err != nil {
 			return err
 		}
 	}

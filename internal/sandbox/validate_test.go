@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -66,5 +67,32 @@ func TestValidateUpdateRequest(t *testing.T) {
 	}
 	if !(protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage("null")}).Empty() {
 		t.Error("a null proxy_config alone should be an empty update")
+	}
+}
+
+// TestNamesNeverParseAsUUIDs: a sandbox, snapshot or registry named like
+// another record's id would capture requests meant for it (DELETE
+// /boxes/<id>), so every form uuid.Parse accepts is refused on create,
+// rename and capture, naming the field.
+func TestNamesNeverParseAsUUIDs(t *testing.T) {
+	id := "3f2504e0-4f89-41d3-9a0c-0305e82c3301"
+	for _, name := range []string{id, "3F2504E0-4F89-41D3-9A0C-0305E82C3301", "3f2504e04f8941d39a0c0305e82c3301"} {
+		if err := validateSandboxRequest(protocol.CreateSandboxRequest{Name: name}, LimitPolicy{}, 1); fieldOf(err) != "name" {
+			t.Errorf("create %q: %v", name, err)
+		}
+		if err := validateUpdateRequest(protocol.UpdateSandboxRequest{Name: &name}, 1); fieldOf(err) != "name" {
+			t.Errorf("rename to %q: %v", name, err)
+		}
+		if err := validateSnapshotRequest(protocol.CreateSnapshotRequest{Name: name, DockerImage: "x", FSCapacityBytes: 1}, LimitPolicy{MaxFSBytes: 2}); fieldOf(err) != "name" {
+			t.Errorf("snapshot %q: %v", name, err)
+		}
+		if err := validateCaptureRequest(protocol.CaptureSnapshotRequest{Name: name}, LimitPolicy{}); fieldOf(err) != "name" {
+			t.Errorf("capture %q: %v", name, err)
+		}
+	}
+	for _, name := range []string{"box-1", "3f2504e0-4f89-41d3-9a0c", "deadbeef"} {
+		if err := store.ValidateName("name", name); err != nil {
+			t.Errorf("%q refused: %v", name, err)
+		}
 	}
 }

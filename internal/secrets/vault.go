@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
@@ -23,6 +24,12 @@ import (
 // Invariant: the file holds only sealed values; each is bound to
 // "workspace-secret/<workspace>/<name>", so a value moved to another name or
 // workspace does not open.
+//
+// Who may use a secret. A sandbox whose proxy rule references a secret can
+// send its value to any host the rule matches, so referencing one is as
+// good as reading it: it needs the same right as listing it — the
+// workspace's admin role, or the secret's members_may_use flag, which an
+// admin sets on PUT. MayUse is that one check.
 type Vault struct {
 	box  *Box
 	path string
@@ -32,16 +39,25 @@ type Vault struct {
 }
 
 type sealedSecret struct {
-	Sealed    []byte    `json:"sealed"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Sealed        []byte    `json:"sealed"`
+	MembersMayUse bool      `json:"members_may_use,omitempty"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
 }
 
 // SecretInfo describes a stored secret without its value.
 type SecretInfo struct {
-	Name      string    `json:"name"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
+	Name string `json:"name"`
+	// MembersMayUse grants every member of the workspace the right to
+	// list the secret and reference it in their sandboxes' proxy rules;
+	// without it only admins may.
+	MembersMayUse bool      `json:"members_may_use"`
+	CreatedAt     time.Time `json:"created_at"`
+	UpdatedAt     time.Time `json:"updated_at"`
+}
+
+func (s sealedSecret) info(name string) SecretInfo {
+	return SecretInfo{Name: name, MembersMayUse: s.MembersMayUse, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}
 }
 
 // MaxSecretBytes bounds one secret value.
@@ -65,8 +81,9 @@ func OpenVault(box *Box, path string) (*Vault, error) {
 
 func ad(workspace, name string) string { return "workspace-secret/" + workspace + "/" + name }
 
-// Put stores value under name in workspace, replacing any earlier value.
-func (v *Vault) Put(ctx context.Context, workspace, name string, value []byte) (SecretInfo, error) {
+// Put stores value under name in workspace, replacing any earlier value
+// and grant: membersMayUse is the secret's members_may_use flag.
+func (v *Vault) Put(ctx context.Context, workspace, name string, value []byte, membersMayUse bool) (SecretInfo, error) {
 	if len(value) > MaxSecretBytes {
 		return SecretInfo{}, errdefs.Field("value", "must be at most %d bytes", MaxSecretBytes)
 	}
@@ -83,7 +100,7 @@ func (v *Vault) Put(ctx context.Context, workspace, name string, value []byte) (
 		v.data[workspace] = ws
 	}
 	old, existed := ws[name]
-	s := sealedSecret{Sealed: sealed, CreatedAt: now, UpdatedAt: now}
+	s := sealedSecret{Sealed: sealed, MembersMayUse: membersMayUse, CreatedAt: now, UpdatedAt: now}
 	if existed {
 		s.CreatedAt = old.CreatedAt
 	}
@@ -96,7 +113,7 @@ func (v *Vault) Put(ctx context.Context, workspace, name string, value []byte) (
 		}
 		return SecretInfo{}, err
 	}
-	return SecretInfo{Name: name, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}, nil
+	return s.info(name), nil
 }
 
 // Delete removes name from workspace; an unknown name is ErrNotFound.
@@ -115,13 +132,16 @@ func (v *Vault) Delete(ctx context.Context, workspace, name string) error {
 	return nil
 }
 
-// List returns workspace's secrets by name, without values.
-func (v *Vault) List(ctx context.Context, workspace string) []SecretInfo {
+// List returns the secrets of p's workspace that p may use (see MayUse),
+// by name, without values.
+func (v *Vault) List(ctx context.Context, p auth.Principal) []SecretInfo {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	out := make([]SecretInfo, 0, len(v.data[workspace]))
-	for n, s := range v.data[workspace] {
-		out = append(out, SecretInfo{Name: n, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt})
+	out := make([]SecretInfo, 0, len(v.data[p.WorkspaceID]))
+	for n, s := range v.data[p.WorkspaceID] {
+		if p.IsAdmin() || s.MembersMayUse {
+			out = append(out, s.info(n))
+		}
 	}
 	slices.SortFunc(out, func(a, b SecretInfo) int {
 		if a.Name < b.Name {
@@ -133,6 +153,23 @@ func (v *Vault) List(ctx context.Context, workspace string) []SecretInfo {
 		return 0
 	})
 	return out
+}
+
+// MayUse returns nil if p may reference secret name of its workspace in a
+// proxy rule: admins may reference any name (set or not: values are read
+// per request), members only a set secret whose members_may_use is on.
+// The refusal reads the same whether or not the secret exists.
+func (v *Vault) MayUse(ctx context.Context, p auth.Principal, name string) error {
+	if p.IsAdmin() {
+		return nil
+	}
+	v.mu.Lock()
+	s, ok := v.data[p.WorkspaceID][name]
+	v.mu.Unlock()
+	if !ok || !s.MembersMayUse {
+		return fmt.Errorf("workspace secret %s is not shared with members (an admin can PUT it with \"members_may_use\": true): %w", name, errdefs.ErrForbidden)
+	}
+	return nil
 }
 
 // Secret returns the value of name in workspace (ErrNotFound if unset).

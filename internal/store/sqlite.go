@@ -96,6 +96,9 @@ var migrations = []string{
 	);`,
 	// 3: snapshots captured from a sandbox (POST /boxes/{name}/snapshot).
 	`ALTER TABLE snapshots ADD COLUMN source_sandbox_id TEXT NOT NULL DEFAULT '';`,
+	// 4: a captured snapshot keeps its source's egress policy, which
+	// sandboxes created from it inherit.
+	`ALTER TABLE snapshots ADD COLUMN proxy_config TEXT;`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -209,15 +212,16 @@ func (s *SQLite) CountAPIKeys(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id`
+const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, proxy_config`
 
 // CreateSnapshot inserts a snapshot record.
 func (s *SQLite) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
 	rc, _ := json.Marshal(sn.RunConfig)
 	layers, _ := json.Marshal(sn.Layers)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sn.ID, sn.WorkspaceID, sn.CreatedBy, sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest,
-		sn.RegistryID, sn.FSCapacityBytes, string(rc), string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt), sn.SourceSandboxID)
+		sn.RegistryID, sn.FSCapacityBytes, string(rc), string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt), sn.SourceSandboxID,
+		nullJSON(sn.ProxyConfig))
 	if err != nil {
 		return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
 	}
@@ -275,9 +279,13 @@ func queryAll[T any](ctx context.Context, db *sql.DB, kind string, scan func(sca
 func scanSnapshot(row scanner) (*Snapshot, error) {
 	var sn Snapshot
 	var rc, layers, created, updated string
+	var proxy sql.NullString
 	if err := row.Scan(&sn.ID, &sn.WorkspaceID, &sn.CreatedBy, &sn.Name, &sn.Status, &sn.StatusMessage, &sn.DockerImage,
-		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated, &sn.SourceSandboxID); err != nil {
+		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated, &sn.SourceSandboxID, &proxy); err != nil {
 		return nil, err
+	}
+	if proxy.Valid {
+		sn.ProxyConfig = []byte(proxy.String)
 	}
 	if err := json.Unmarshal([]byte(rc), &sn.RunConfig); err != nil {
 		return nil, fmt.Errorf("decode run_config of snapshot %s: %w", sn.ID, err)

@@ -59,6 +59,11 @@ type Snapshot struct {
 	// SourceSandboxID is the sandbox a captured snapshot was taken from;
 	// its last layer is then its own captured layer.
 	SourceSandboxID string
+	// ProxyConfig is the egress policy (raw proxy_config) of a captured
+	// snapshot's source at capture time, or nil. Sandboxes created from
+	// the snapshot (every branch of a fork) inherit it unless their create
+	// request gives their own. It may hold opaque values: never echoed.
+	ProxyConfig []byte
 }
 
 // Sandbox is one isolated machine. Records are written only by the sandbox

@@ -60,6 +60,12 @@ func (e *egressEnv) sandbox(t testing.TB, name, pc string) *protocol.Sandbox {
 			r.ProxyConfig = json.RawMessage(pc)
 		}
 	})
+	e.upload(t, sb.Name)
+	return sb
+}
+
+// upload copies the test client and the test CA into sandbox name.
+func (e *egressEnv) upload(t testing.TB, name string) {
 	ctx := context.Background()
 	must := func(err error) {
 		if err != nil {
@@ -69,10 +75,9 @@ func (e *egressEnv) sandbox(t testing.TB, name, pc string) *protocol.Sandbox {
 	bin, err := os.Open(egClient(t))
 	must(err)
 	defer bin.Close()
-	must(e.d.Client.WriteFile(ctx, sb.Name, "/usr/local/bin/egclient", bin))
-	must(e.d.Client.WriteFile(ctx, sb.Name, "/tmp/inet-ca.pem", bytes.NewReader(e.in.caPEM)))
-	mustRun(t, e.d.Client, sb.Name, "chmod +x /usr/local/bin/egclient")
-	return sb
+	must(e.d.Client.WriteFile(ctx, name, "/usr/local/bin/egclient", bin))
+	must(e.d.Client.WriteFile(ctx, name, "/tmp/inet-ca.pem", bytes.NewReader(e.in.caPEM)))
+	mustRun(t, e.d.Client, name, "chmod +x /usr/local/bin/egclient")
 }
 
 // api sends a JSON request to the daemon's control plane.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/cookiejar"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	"github.com/coder/websocket"
 	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"github.com/google/uuid"
 )
 
 // serviceDomain is the host-form domain the gateway tests run the daemon
@@ -427,5 +429,52 @@ func BenchmarkGateway(b *testing.B) {
 			b.ReportMetric(float64(ds[len(ds)*99/100].Microseconds())/1000, "p99-ms")
 			b.ReportMetric(0, "ns/op")
 		})
+	}
+}
+
+// TestGatewayHostileServiceCookies: a service tries to plant the gateway's
+// token cookie for every sandbox of the shared path-form origin (Path=/,
+// Domain, odd case); the gateway relays only the service's own cookie, and
+// its own cookie stays scoped to /s/<id>/<port>/.
+func TestGatewayHostileServiceCookies(t *testing.T) {
+	f := startGatewayFixture(t, "namespace", "")
+	const evil = "#!/bin/sh\nprintf 'Content-Type: text/plain\\r\\n'\n" +
+		"printf 'Set-Cookie: cubicle_service_token=planted; Path=/\\r\\n'\n" +
+		"printf 'Set-Cookie: Cubicle_Service_Token=planted; Path=/s/; Domain=127.0.0.1\\r\\n'\n" +
+		"printf 'Set-Cookie: app=1; Path=/\\r\\n\\r\\n'\necho evil\n"
+	ctx := context.Background()
+	if err := f.d.Client.WriteFile(ctx, f.sb.Name, "/www/cgi-bin/evil.cgi", strings.NewReader(evil)); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, f.d.Client, f.sb.Name, "chmod 755 /www/cgi-bin/evil.cgi")
+	su := f.serviceURL(t, f.sb.Name, 8000, nil)
+	waitServing(t, su.ServiceURL+"/", su.Token)
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar}
+	if resp, _ := fetch(t, c, http.MethodGet, su.BrowserURL, nil); resp.StatusCode != 200 {
+		t.Fatalf("browser_url: %d", resp.StatusCode)
+	}
+	resp, body := fetch(t, c, http.MethodGet, su.ServiceURL+"/cgi-bin/evil.cgi", nil)
+	if resp.StatusCode != 200 || body != "evil\n" {
+		t.Fatalf("evil.cgi: %d %q", resp.StatusCode, body)
+	}
+	if got := resp.Header.Values("Set-Cookie"); len(got) != 1 || !strings.HasPrefix(got[0], "app=1") {
+		t.Fatalf("Set-Cookie relayed to the browser: %q", got)
+	}
+	base, _ := url.Parse(f.d.Endpoint)
+	own := "/s/" + f.sb.ID + "/8000/"
+	for _, p := range []string{own, "/", "/s/" + uuid.NewString() + "/8000/", "/s/" + f.sb.ID + "/8001/"} {
+		n := 0
+		for _, ck := range jar.Cookies(base.ResolveReference(&url.URL{Path: p})) {
+			if strings.EqualFold(ck.Name, "cubicle_service_token") {
+				if ck.Value == "planted" {
+					t.Fatalf("%s: planted token cookie in the browser", p)
+				}
+				n++
+			}
+		}
+		if want := map[bool]int{true: 1, false: 0}[p == own]; n != want {
+			t.Errorf("%s: %d token cookies, want %d", p, n, want)
+		}
 	}
 }
