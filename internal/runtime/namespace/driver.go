@@ -2,7 +2,7 @@
 // agent runs as PID 1 under plain Linux isolation built straight from Go —
 // user, mount, pid, uts, ipc and cgroup namespaces, the manager's network
 // namespace, pivot_root into an idmapped rootfs, a reduced capability set,
-// no_new_privs, a seccomp deny list and cgroup v1 limits.
+// no_new_privs, a seccomp allow list and cgroup v1 limits.
 //
 // The host kernel is shared, so this is not a boundary for hostile code; it
 // starts in milliseconds and is what tests above the driver use.

@@ -19,6 +19,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == InitArg {
 		Init()
 	}
+	if len(os.Args) > 2 && os.Args[1] == probeArg {
+		runProbe(os.Args[2])
+	}
 	os.Exit(m.Run())
 }
 
