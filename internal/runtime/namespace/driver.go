@@ -51,8 +51,9 @@ var _ runtime.Driver = (*Driver)(nil)
 
 // Driver runs sandboxes in Linux namespaces. It is safe for concurrent use on
 // different ids. All durable state lives in stateDir/<id>/ and in the cgroup
-// directories; the Driver value holds only configuration and a cached user
-// namespace fd for idmapping.
+// directories (including each sandbox's owner uid, see allocOwner); the
+// Driver value holds only configuration and a cached user namespace fd for
+// idmapping.
 type Driver struct {
 	stateDir     string
 	initPath     string
@@ -62,6 +63,8 @@ type Driver struct {
 
 	usernsOnce sync.Mutex
 	usernsFD   int // -1 until first Start
+
+	ownersMu sync.Mutex // serialises allocOwner
 }
 
 // Option configures a Driver.

@@ -1,6 +1,7 @@
 package namespace
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -249,5 +251,76 @@ func TestDistroToolsWork(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// nsOwner returns the host uid owning the user namespace of pid
+// (NS_GET_OWNER_UID).
+func nsOwner(t *testing.T, pid int) int {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var uid uint32
+	const nsGetOwnerUID = 0xb704 // _IO(0xb7, 0x4)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), nsGetOwnerUID, uintptr(unsafe.Pointer(&uid))); e != 0 {
+		t.Fatalf("NS_GET_OWNER_UID: %v", e)
+	}
+	return int(uid)
+}
+
+// holdInotify starts inotify-hold in s and returns how many instances it
+// got and the errno that stopped it.
+func holdInotify(t *testing.T, s *drivertest.Sandbox) (int, unix.Errno) {
+	t.Helper()
+	s.MustExec(t, "/probe "+probeArg+" inotify-hold >/tmp/inotify 2>&1 &")
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var n, e int
+		if _, err := fmt.Sscanf(s.MustExec(t, "cat /tmp/inotify"), "%d %d", &n, &e); err == nil {
+			return n, unix.Errno(e)
+		}
+	}
+	t.Fatal("inotify-hold reported nothing in 10 s")
+	return 0, 0
+}
+
+// TestInotifyBudgetIsPerSandbox has one sandbox take every inotify instance
+// it can and checks that the host's root and a neighbour sandbox still get
+// theirs: each sandbox's user namespace has its own owner, which the kernel
+// charges instead of host root.
+func TestInotifyBudgetIsPerSandbox(t *testing.T) {
+	env := drivertest.NewEnv(t)
+	d := newTestDriver(t)
+	a, b := startHostImage(t, env, d), startHostImage(t, env, d)
+	owners := map[int]bool{}
+	for _, s := range []*drivertest.Sandbox{a, b} {
+		pid, err := d.PID(context.Background(), s.Spec.ID)
+		if err != nil || pid == 0 {
+			t.Fatalf("PID: %d, %v", pid, err)
+		}
+		owner := nsOwner(t, pid)
+		// Fatal before the exhaustion below: with root as the owner it
+		// would starve the host's root of inotify for the test's length.
+		if owner < ownerIDBase || owner >= ownerIDBase+ownerIDCount || owners[owner] {
+			t.Fatalf("sandbox user namespace owned by uid %d (others: %v), want a fresh uid from %d", owner, owners, ownerIDBase)
+		}
+		owners[owner] = true
+	}
+
+	n, e := holdInotify(t, a)
+	t.Logf("sandbox a got %d inotify instances, then %v", n, e)
+	if e != unix.EMFILE || n == 0 {
+		t.Fatalf("sandbox a: %d instances, stopped by %v; want a bounded budget ending in EMFILE", n, e)
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		t.Fatalf("host root cannot create an inotify instance while sandbox a holds %d: %v", n, err)
+	}
+	unix.Close(fd)
+	nb, eb := holdInotify(t, b)
+	if nb != n {
+		t.Errorf("neighbour sandbox b got %d inotify instances (then %v), want the same budget as a (%d)", nb, eb, n)
 	}
 }
