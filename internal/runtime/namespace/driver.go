@@ -65,6 +65,9 @@ type Driver struct {
 	usernsFD   int // -1 until first Start
 
 	ownersMu sync.Mutex // serialises allocOwner
+
+	agentMu sync.Mutex
+	agent   agentFS
 }
 
 // Option configures a Driver.
@@ -94,6 +97,7 @@ func New(stateDir string, opts ...Option) (*Driver, error) {
 		cgroupParent: "cubicle",
 		resolvConf:   "/etc/resolv.conf",
 		usernsFD:     -1,
+		agent:        agentFS{fd: -1},
 	}
 	for _, o := range opts {
 		o(d)
@@ -107,13 +111,20 @@ func New(stateDir string, opts ...Option) (*Driver, error) {
 // Name implements runtime.Driver.
 func (d *Driver) Name() string { return "namespace" }
 
-// Close releases the cached user namespace fd. Sandboxes keep running.
+// Close releases the cached user namespace fd and agent copy. Sandboxes
+// keep running.
 func (d *Driver) Close() error {
 	d.usernsOnce.Lock()
 	defer d.usernsOnce.Unlock()
 	if d.usernsFD >= 0 {
 		unix.Close(d.usernsFD)
 		d.usernsFD = -1
+	}
+	d.agentMu.Lock()
+	defer d.agentMu.Unlock()
+	if d.agent.fd >= 0 {
+		unix.Close(d.agent.fd)
+		d.agent = agentFS{fd: -1}
 	}
 	return nil
 }

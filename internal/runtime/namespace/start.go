@@ -66,7 +66,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	mounts, err := hostMounts(spec, usernsFD, resolv, hosts)
+	mounts, err := d.hostMounts(spec, usernsFD, resolv, hosts)
 	defer mounts.close()
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
