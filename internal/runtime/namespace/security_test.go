@@ -41,6 +41,9 @@ func TestSeccompPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(prog) > 4096 { // BPF_MAXINSNS
+		t.Fatalf("filter has %d instructions, the kernel takes at most 4096", len(prog))
+	}
 	t.Logf("%d instructions", len(prog))
 	vm, err := bpf.NewVM(prog)
 	if err != nil {
