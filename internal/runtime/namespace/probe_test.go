@@ -166,6 +166,9 @@ func startHostImage(t *testing.T, env *drivertest.Env, d *Driver) *drivertest.Sa
 // sandbox and checks it fails with the documented errno instead of running
 // or killing the caller, while the calls every distribution needs succeed.
 func TestSeccompRefusesAttackSurface(t *testing.T) {
+	if len(syscallAttacks()) == 0 {
+		t.Skip("no syscall attack table for this architecture")
+	}
 	env := drivertest.NewEnv(t)
 	s := startHostImage(t, env, newTestDriver(t))
 	out := s.MustExec(t, "/probe "+probeArg+" syscalls")
