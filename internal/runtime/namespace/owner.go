@@ -40,9 +40,12 @@ func (d *Driver) allocOwner(id string) (int, error) {
 	}
 	used := map[int]bool{}
 	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(d.stateDir, e.Name(), ownerFile))
-		if errors.Is(err, os.ErrNotExist) || !e.IsDir() {
+		if !e.IsDir() {
 			continue
+		}
+		b, err := os.ReadFile(filepath.Join(d.stateDir, e.Name(), ownerFile))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // starting before allocOwner, or started by an older daemon
 		}
 		if err != nil {
 			return 0, fmt.Errorf("read owner of %s: %w", e.Name(), err)
