@@ -2,7 +2,7 @@
 // agent runs as PID 1 under plain Linux isolation built straight from Go —
 // user, mount, pid, uts, ipc and cgroup namespaces, the manager's network
 // namespace, pivot_root into an idmapped rootfs, a reduced capability set,
-// no_new_privs, a seccomp deny list and cgroup v1 limits.
+// no_new_privs, a seccomp allow list and cgroup v1 limits.
 //
 // The host kernel is shared, so this is not a boundary for hostile code; it
 // starts in milliseconds and is what tests above the driver use.
@@ -51,8 +51,9 @@ var _ runtime.Driver = (*Driver)(nil)
 
 // Driver runs sandboxes in Linux namespaces. It is safe for concurrent use on
 // different ids. All durable state lives in stateDir/<id>/ and in the cgroup
-// directories; the Driver value holds only configuration and a cached user
-// namespace fd for idmapping.
+// directories (including each sandbox's owner uid, see allocOwner); the
+// Driver value holds only configuration and a cached user namespace fd for
+// idmapping.
 type Driver struct {
 	stateDir     string
 	initPath     string
@@ -62,6 +63,11 @@ type Driver struct {
 
 	usernsOnce sync.Mutex
 	usernsFD   int // -1 until first Start
+
+	ownersMu sync.Mutex // serialises allocOwner
+
+	agentMu sync.Mutex
+	agent   agentFS
 }
 
 // Option configures a Driver.
@@ -91,6 +97,7 @@ func New(stateDir string, opts ...Option) (*Driver, error) {
 		cgroupParent: "cubicle",
 		resolvConf:   "/etc/resolv.conf",
 		usernsFD:     -1,
+		agent:        agentFS{fd: -1},
 	}
 	for _, o := range opts {
 		o(d)
@@ -104,13 +111,20 @@ func New(stateDir string, opts ...Option) (*Driver, error) {
 // Name implements runtime.Driver.
 func (d *Driver) Name() string { return "namespace" }
 
-// Close releases the cached user namespace fd. Sandboxes keep running.
+// Close releases the cached user namespace fd and agent copy. Sandboxes
+// keep running.
 func (d *Driver) Close() error {
 	d.usernsOnce.Lock()
 	defer d.usernsOnce.Unlock()
 	if d.usernsFD >= 0 {
 		unix.Close(d.usernsFD)
 		d.usernsFD = -1
+	}
+	d.agentMu.Lock()
+	defer d.agentMu.Unlock()
+	if d.agent.fd >= 0 {
+		unix.Close(d.agent.fd)
+		d.agent = agentFS{fd: -1}
 	}
 	return nil
 }

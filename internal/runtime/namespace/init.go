@@ -59,6 +59,9 @@ func runInit() error {
 		return fmt.Errorf("read config: %w", err)
 	}
 	f.Close()
+	if err := becomeRoot(); err != nil {
+		return err
+	}
 	if len(cfg.Mounts) == 0 || cfg.Mounts[0].Target != "/" {
 		return errors.New("config: rootfs mount missing")
 	}

@@ -41,19 +41,24 @@ func (m *detachedMounts) close() {
 var hostDevices = [...]string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // hostMounts builds every detached mount init needs: the idmapped rootfs,
-// the agent binary (read-only), resolv.conf, hosts and the device nodes.
-func hostMounts(spec runtime.Spec, usernsFD int, resolv, hosts string) (*detachedMounts, error) {
+// the agent binary (read-only, from d's copy), resolv.conf, hosts and the
+// device nodes.
+func (d *Driver) hostMounts(spec runtime.Spec, usernsFD int, resolv, hosts string) (*detachedMounts, error) {
 	m := &detachedMounts{}
 	root, err := idmappedRoot(spec.RootFS, usernsFD)
 	if err != nil {
 		return m, fmt.Errorf("rootfs: %w", err)
 	}
 	m.add(root, "/", false)
+	agent, err := d.agentTree(spec.AgentBinary)
+	if err != nil {
+		return m, err
+	}
+	m.add(agent, runtime.AgentMountPath, true)
 	binds := []struct {
 		src, target string
 		attr        uint64
 	}{
-		{spec.AgentBinary, runtime.AgentMountPath, unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV},
 		{resolv, "/etc/resolv.conf", unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC},
 		{hosts, "/etc/hosts", unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC},
 	}

@@ -19,6 +19,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == InitArg {
 		Init()
 	}
+	if len(os.Args) > 2 && os.Args[1] == probeArg {
+		runProbe(os.Args[2])
+	}
 	os.Exit(m.Run())
 }
 
@@ -91,10 +94,20 @@ func TestEscape(t *testing.T) {
 			t.Errorf("/proc/1/status inside %s = %q, want %q", k, got, v)
 		}
 	}
-	// Only single-file binds (agent, resolv.conf, hosts) come from the host's
-	// disk; no host directory, netns or cgroup tree is mounted.
+	// Only single-file binds (resolv.conf, hosts) come from the host's
+	// disk; no host directory, netns or cgroup tree is mounted, and neither
+	// the rootfs layers nor the agent binary reveal their host paths.
 	mounts := s.MustExec(t, "cat /proc/self/mountinfo")
-	if strings.Contains(mounts, "/var/run/netns") || strings.Contains(mounts, env.Base) ||
+	t.Logf("mountinfo inside:\n%s", mounts)
+	for _, hostPath := range []string{env.Base, filepath.Dir(env.Agent), filepath.Dir(s.RootFS.Upper), filepath.Dir(s.RootFS.Merged)} {
+		if strings.Contains(mounts, hostPath) {
+			t.Errorf("host path %s visible in mountinfo inside", hostPath)
+		}
+	}
+	if agent := regexp.MustCompile(`(?m)^\S+ \S+ \S+ (\S+) /\.cubicle/cubicle .* - tmpfs `).FindStringSubmatch(mounts); agent == nil || agent[1] != "/cubicle" {
+		t.Errorf("agent binary not mounted from the driver's tmpfs copy: %q", agent)
+	}
+	if strings.Contains(mounts, "/var/run/netns") ||
 		strings.Contains(mounts, " cgroup ") || regexp.MustCompile(`(?m)^\S+ \S+ \S+ / \S+ .* - ext4 `).MatchString(mounts) {
 		t.Errorf("host mounts visible inside:\n%s", mounts)
 	}

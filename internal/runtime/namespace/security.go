@@ -6,34 +6,21 @@ import (
 	"strconv"
 	"strings"
 
-	seccomp "github.com/elastic/go-seccomp-bpf"
-	"github.com/elastic/go-seccomp-bpf/arch"
 	"golang.org/x/sys/unix"
 )
 
-// keptCaps is what a root shell needs to install packages and manage files;
-// everything else (SYS_ADMIN, NET_ADMIN, SYS_PTRACE, SYS_MODULE, …) is
-// dropped from every set, including the bounding set, so no exec regains it.
-var keptCaps = [...]uintptr{
-	unix.CAP_CHOWN, unix.CAP_DAC_OVERRIDE, unix.CAP_FOWNER, unix.CAP_FSETID,
-	unix.CAP_KILL, unix.CAP_SETGID, unix.CAP_SETUID, unix.CAP_SETPCAP,
-	unix.CAP_NET_BIND_SERVICE, unix.CAP_NET_RAW, unix.CAP_SYS_CHROOT,
-	unix.CAP_MKNOD, unix.CAP_AUDIT_WRITE, unix.CAP_SETFCAP,
-}
-
-// deniedSyscalls fail with EPERM: kernel-wide state, module loading, other
-// processes' memory, namespaces and mounts, and rarely used attack surface.
-var deniedSyscalls = []string{
-	"init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load",
-	"bpf", "perf_event_open", "keyctl", "add_key", "request_key",
-	"ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd",
-	"mount", "umount2", "pivot_root", "setns", "unshare",
-	"fsopen", "fsconfig", "fsmount", "fspick", "move_mount", "open_tree", "mount_setattr",
-	"swapon", "swapoff", "reboot", "open_by_handle_at", "name_to_handle_at",
-	"userfaultfd", "acct", "quotactl", "quotactl_fd", "lookup_dcookie",
-	"iopl", "ioperm", "syslog", "uselib", "vhangup",
-	"clock_settime", "clock_adjtime", "settimeofday", "adjtimex",
-	"nfsservctl", "get_kernel_syms", "create_module", "query_module",
+// keptCaps is what a root shell needs to install packages and manage files,
+// by the names container profiles use; everything else (SYS_ADMIN,
+// NET_ADMIN, SYS_PTRACE, SYS_MODULE, …) is dropped from every set, including
+// the bounding set, so no exec regains it.
+var keptCaps = map[string]uintptr{
+	"CAP_CHOWN": unix.CAP_CHOWN, "CAP_DAC_OVERRIDE": unix.CAP_DAC_OVERRIDE,
+	"CAP_FOWNER": unix.CAP_FOWNER, "CAP_FSETID": unix.CAP_FSETID,
+	"CAP_KILL": unix.CAP_KILL, "CAP_SETGID": unix.CAP_SETGID,
+	"CAP_SETUID": unix.CAP_SETUID, "CAP_SETPCAP": unix.CAP_SETPCAP,
+	"CAP_NET_BIND_SERVICE": unix.CAP_NET_BIND_SERVICE, "CAP_NET_RAW": unix.CAP_NET_RAW,
+	"CAP_SYS_CHROOT": unix.CAP_SYS_CHROOT, "CAP_MKNOD": unix.CAP_MKNOD,
+	"CAP_AUDIT_WRITE": unix.CAP_AUDIT_WRITE, "CAP_SETFCAP": unix.CAP_SETFCAP,
 }
 
 // dropPrivileges cuts capabilities to keptCaps, sets no_new_privs and loads
@@ -68,53 +55,11 @@ func dropPrivileges() error {
 	if err := unix.Capset(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("capset: %w", err)
 	}
-	filter, err := seccompFilter()
+	prog, err := seccompProgram()
 	if err != nil {
 		return err
 	}
-	if err := seccomp.LoadFilter(filter); err != nil {
-		return fmt.Errorf("load seccomp filter: %w", err)
-	}
-	return nil
-}
-
-// seccompFilter allows by default and denies deniedSyscalls, creating user
-// namespaces through clone, and non-default personalities. clone3 gets
-// ENOSYS (its flags live in memory a filter cannot read), so libcs fall back
-// to clone, whose flags it can.
-func seccompFilter() (seccomp.Filter, error) {
-	info, err := arch.GetInfo("")
-	if err != nil {
-		return seccomp.Filter{}, fmt.Errorf("seccomp: %w", err)
-	}
-	var names []string
-	for _, n := range deniedSyscalls {
-		if _, ok := info.SyscallNames[n]; ok { // keep only this arch's syscalls
-			names = append(names, n)
-		}
-	}
-	personalityOK := []uint64{0, 0x8, 0x20000, 0x20008, 0xffffffff}
-	var personality seccomp.ArgumentConditions
-	for _, v := range personalityOK {
-		personality = append(personality, seccomp.Condition{Argument: 0, Operation: seccomp.NotEqual, Value: v})
-	}
-	return seccomp.Filter{
-		NoNewPrivs: true,
-		Policy: seccomp.Policy{
-			DefaultAction: seccomp.ActionAllow,
-			Syscalls: []seccomp.SyscallGroup{
-				{Names: names, Action: seccomp.ActionErrno},
-				{
-					NamesWithCondtions: []seccomp.NameWithConditions{
-						{Name: "clone", Conditions: seccomp.ArgumentConditions{{Argument: 0, Operation: seccomp.BitsSet, Value: unix.CLONE_NEWUSER}}},
-						{Name: "personality", Conditions: personality},
-					},
-					Action: seccomp.ActionErrno,
-				},
-				{Names: []string{"clone3"}, Action: seccomp.ActionErrno | seccomp.Action(unix.ENOSYS)},
-			},
-		},
-	}, nil
+	return loadSeccomp(prog)
 }
 
 func lastCap() (int, error) {

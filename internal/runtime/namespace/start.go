@@ -66,7 +66,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	mounts, err := hostMounts(spec, usernsFD, resolv, hosts)
+	mounts, err := d.hostMounts(spec, usernsFD, resolv, hosts)
 	defer mounts.close()
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
@@ -74,7 +74,11 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	cfg := initConfig{Hostname: spec.Hostname, Env: spec.Env, Mounts: mounts.targets,
 		SysFD: firstMountFD + len(mounts.files)} // appended by spawn
 
-	cmd, pipes, err := d.spawn(spec, mounts.files)
+	owner, err := d.allocOwner(spec.ID)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	cmd, pipes, err := d.spawn(spec, mounts.files, owner)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
@@ -122,8 +126,10 @@ func (p initPipes) close() {
 }
 
 // spawn forks the init binary into new namespaces, from a thread that has
-// joined spec.NetNS (a forked child inherits the forking thread's netns).
-func (d *Driver) spawn(spec runtime.Spec, mounts []*os.File) (*exec.Cmd, initPipes, error) {
+// joined spec.NetNS (a forked child inherits the forking thread's netns) and
+// taken owner as its effective uid (the new user namespace's owner, see
+// allocOwner), and writes the namespace's id maps.
+func (d *Driver) spawn(spec runtime.Spec, mounts []*os.File, owner int) (*exec.Cmd, initPipes, error) {
 	var p initPipes
 	cfgR, cfgW, err := os.Pipe()
 	if err != nil {
@@ -143,6 +149,15 @@ func (d *Driver) spawn(spec runtime.Spec, mounts []*os.File) (*exec.Cmd, initPip
 		return nil, initPipes{}, err
 	}
 	defer log.Close()
+	last, err := lastCap()
+	if err != nil {
+		p.close()
+		return nil, initPipes{}, err
+	}
+	ambient := make([]uintptr, last+1)
+	for c := range ambient {
+		ambient[c] = uintptr(c)
+	}
 
 	cmd := &exec.Cmd{
 		Path:       d.initPath,
@@ -155,12 +170,10 @@ func (d *Driver) spawn(spec runtime.Spec, mounts []*os.File) (*exec.Cmd, initPip
 			Setsid: true,
 			Cloneflags: unix.CLONE_NEWUSER | unix.CLONE_NEWNS | unix.CLONE_NEWPID |
 				unix.CLONE_NEWUTS | unix.CLONE_NEWIPC,
-			UidMappings:                idMap(),
-			GidMappings:                idMap(),
-			GidMappingsEnableSetgroups: true,
-			// Become root of the new namespace before exec, or exec as
-			// the unmapped kuid 0 (nobody inside) would drop every cap.
-			Credential: &syscall.Credential{Uid: 0, Gid: 0},
+			// Init execs as the owner, unmapped until writeIDMaps and
+			// so not root: ambient capabilities carry its caps in the
+			// new namespace across exec, until it becomes root there.
+			AmbientCaps: ambient,
 		},
 	}
 	// sysfs shows the network devices of the netns it is mounted from, so
@@ -179,16 +192,22 @@ func (d *Driver) spawn(spec runtime.Spec, mounts []*os.File) (*exec.Cmd, initPip
 			cmd.ExtraFiles[n-1].Close()
 		}
 	}()
-	if err := startInNetns(cmd, spec.NetNS, sysfs); err != nil {
+	if err := startInNetns(cmd, spec.NetNS, sysfs, owner); err != nil {
+		p.close()
+		return nil, initPipes{}, err
+	}
+	if err := writeIDMaps(cmd.Process.Pid); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
 		p.close()
 		return nil, initPipes{}, err
 	}
 	return cmd, p, nil
 }
 
-// startInNetns starts cmd from a locked OS thread switched to netnsPath,
-// after running prepare on that thread.
-func startInNetns(cmd *exec.Cmd, netnsPath string, prepare func() error) error {
+// startInNetns starts cmd as owner (see startAs) from a locked OS thread
+// switched to netnsPath, after running prepare on that thread as root.
+func startInNetns(cmd *exec.Cmd, netnsPath string, prepare func() error, owner int) error {
 	target, err := unix.Open(netnsPath, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open netns: %w", err)
@@ -207,7 +226,14 @@ func startInNetns(cmd *exec.Cmd, netnsPath string, prepare func() error) error {
 	}
 	startErr := prepare()
 	if startErr == nil {
-		startErr = cmd.Start()
+		var reusable bool
+		if reusable, startErr = startAs(owner, cmd.Start); !reusable {
+			if cmd.Process != nil {
+				cmd.Process.Kill()
+				cmd.Wait()
+			}
+			return startErr // the thread stays locked, and is discarded
+		}
 	}
 	if err := unix.Setns(orig, unix.CLONE_NEWNET); err != nil {
 		// Leave the thread locked: the runtime discards it when this
