@@ -41,8 +41,10 @@ func (m *detachedMounts) close() {
 var hostDevices = [...]string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // hostMounts builds every detached mount init needs: the idmapped rootfs,
-// the agent binary (read-only), resolv.conf, hosts and the device nodes.
-func hostMounts(spec runtime.Spec, usernsFD int, resolv, hosts string) (*detachedMounts, error) {
+// the agent binary (read-only) and the device nodes. resolv.conf and hosts
+// are files of the rootfs (runtime.WriteNetFiles), not host files: bound
+// in, they let the sandbox write past its quota onto the host's disk.
+func hostMounts(spec runtime.Spec, usernsFD int) (*detachedMounts, error) {
 	m := &detachedMounts{}
 	root, err := idmappedRoot(spec.RootFS, usernsFD)
 	if err != nil {
@@ -54,8 +56,6 @@ func hostMounts(spec runtime.Spec, usernsFD int, resolv, hosts string) (*detache
 		attr        uint64
 	}{
 		{spec.AgentBinary, runtime.AgentMountPath, unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV},
-		{resolv, "/etc/resolv.conf", unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC},
-		{hosts, "/etc/hosts", unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC},
 	}
 	for _, dev := range hostDevices {
 		binds = append(binds, struct {

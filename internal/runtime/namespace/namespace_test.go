@@ -91,7 +91,7 @@ func TestEscape(t *testing.T) {
 			t.Errorf("/proc/1/status inside %s = %q, want %q", k, got, v)
 		}
 	}
-	// Only single-file binds (agent, resolv.conf, hosts) come from the host's
+	// Only single-file binds (the agent, device nodes) come from the host's
 	// disk; no host directory, netns or cgroup tree is mounted.
 	mounts := s.MustExec(t, "cat /proc/self/mountinfo")
 	if strings.Contains(mounts, "/var/run/netns") || strings.Contains(mounts, env.Base) ||
