@@ -147,19 +147,24 @@ func (t *Tree) WriteFile(ctx context.Context, name string, data []byte, perm fs.
 	return nil
 }
 
-// resolve opens rel (relative, cleaned) as an O_PATH handle, resolved in
-// the tree; extra adds open flags (O_DIRECTORY, O_NOFOLLOW).
+// resolve opens rel (relative, cleaned) as an O_PATH handle, resolved as
+// the sandbox would; extra adds open flags (O_DIRECTORY).
 func (t *Tree) resolve(rel string, extra uint64) (int, error) {
-	how := unix.OpenHow{
-		Flags:   unix.O_PATH | unix.O_CLOEXEC | extra,
-		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-	}
-	for {
+	return t.openat2(rel, unix.O_PATH|extra, unix.RESOLVE_NO_MAGICLINKS)
+}
+
+// openat2 opens rel in the tree: always RESOLVE_IN_ROOT, plus resolve.
+func (t *Tree) openat2(rel string, flags, resolve uint64) (int, error) {
+	how := unix.OpenHow{Flags: flags | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | resolve}
+	// EAGAIN: a rename raced a ".." from a symlink. Retried a few times,
+	// not forever: the sandbox may be renaming on purpose.
+	for range 16 {
 		fd, err := unix.Openat2(t.fd, rel, &how)
-		if err != unix.EINTR && err != unix.EAGAIN { // EAGAIN: a concurrent rename, retry
+		if err != unix.EINTR && err != unix.EAGAIN {
 			return fd, err
 		}
 	}
+	return -1, unix.EAGAIN
 }
 
 // mkdirAll returns an O_PATH handle on directory rel, creating it and its

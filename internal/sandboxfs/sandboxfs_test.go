@@ -225,3 +225,43 @@ func TestWriteFileUnchangedIsNotRewritten(t *testing.T) {
 		t.Errorf("mode change not applied: %v", fi.Mode())
 	}
 }
+
+func TestInspectFollowsNoSymlink(t *testing.T) {
+	root, dir, host := tree(t)
+	os.Symlink(filepath.Dir(host), filepath.Join(dir, "out"))
+	os.Symlink("etc", filepath.Join(dir, "in"))
+	os.WriteFile(filepath.Join(dir, "etc/f"), []byte("x"), 0o644)
+	unix.Mkfifo(filepath.Join(dir, "etc/fifo"), 0o644)
+	if st, err := root.Lstat("out"); err != nil || st.Mode&unix.S_IFMT != unix.S_IFLNK {
+		t.Errorf("Lstat(out) = %o, %v; want the symlink itself", st.Mode, err)
+	}
+	for _, name := range []string{"out/host-secret", "in/f"} {
+		if _, err := root.Lstat(name); !errors.Is(err, unix.ELOOP) {
+			t.Errorf("Lstat(%s) = %v; want ELOOP (a symlink on the way)", name, err)
+		}
+		if _, err := root.OpenEntry(name); err == nil {
+			t.Errorf("OpenEntry(%s) followed a symlink", name)
+		}
+	}
+	for _, name := range []string{"out", "in"} {
+		if ents, err := root.ReadDir(name); err == nil {
+			t.Errorf("ReadDir(%s) = %v; followed a symlink", name, ents)
+		}
+	}
+	if target, err := root.Readlink("out"); err != nil || target != filepath.Dir(host) {
+		t.Errorf("Readlink(out) = %q, %v", target, err)
+	}
+	for _, name := range []string{"out", "etc/fifo"} {
+		if _, err := root.OpenEntry(name); !errors.Is(err, ErrNotRegular) {
+			t.Errorf("OpenEntry(%s) = %v; want ErrNotRegular", name, err)
+		}
+	}
+	if f, err := root.OpenEntry("etc/f"); err != nil {
+		t.Errorf("OpenEntry(etc/f): %v", err)
+	} else {
+		f.Close()
+	}
+	if _, err := root.DirXattr("etc/f", "user.x", make([]byte, 8)); !errors.Is(err, unix.ENOTDIR) {
+		t.Errorf("DirXattr(file) = %v; want ENOTDIR", err)
+	}
+}
