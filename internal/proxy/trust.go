@@ -48,11 +48,12 @@ const maxSystemBundle = 8 << 20
 // rootfs trust the CA: it writes SandboxCAFile and SandboxBundle and appends
 // the CA to the image's system bundle when there is one. It runs before the
 // sandbox starts, as root on the host, over a tree the sandbox may have
-// written on an earlier run, so every access goes through sandboxfs. A
-// system bundle the sandbox made hostile (a FIFO, a 100 GiB sparse file) is
-// skipped with a warning and the boot goes on: the CA is still at the
-// Cubicle paths. Idempotent; writes nothing when nothing changed. It
-// returns the environment to give the sandbox's processes.
+// written on an earlier run, so every access goes through sandboxfs.
+// Whatever the sandbox did to these paths (a FIFO or a 100 GiB sparse file
+// as its system bundle, a directory in the way) costs it only its trust in
+// the CA — logged, and failing closed: TLS the proxy intercepts is then
+// refused inside — never its boot. Idempotent; writes nothing when nothing
+// changed. It returns the environment to give the sandbox's processes.
 func (s *Service) PrepareRootFS(ctx context.Context, rootfs string) ([]string, error) {
 	tree, err := sandboxfs.OpenTree(rootfs)
 	if err != nil {
@@ -60,9 +61,7 @@ func (s *Service) PrepareRootFS(ctx context.Context, rootfs string) ([]string, e
 	}
 	defer tree.Close()
 	ca := s.ca.CertPEM()
-	if err := tree.WriteFile(ctx, SandboxCAFile, ca, 0o644); err != nil {
-		return nil, fmt.Errorf("proxy: install CA: %w", err)
-	}
+	s.install(ctx, tree, rootfs, SandboxCAFile, ca)
 	bundle := ca
 	for _, p := range systemBundles {
 		b, err := tree.ReadFile(ctx, p, maxSystemBundle)
@@ -75,15 +74,18 @@ func (s *Service) PrepareRootFS(ctx context.Context, rootfs string) ([]string, e
 		}
 		if !bytes.Contains(b, bytes.TrimSpace(ca)) {
 			b = append(append(bytes.TrimRight(b, "\n"), '\n'), ca...)
-			if err := tree.WriteFile(ctx, p, b, 0o644); err != nil {
-				return nil, fmt.Errorf("proxy: add CA to %s: %w", p, err)
-			}
+			s.install(ctx, tree, rootfs, p, b)
 		}
 		bundle = b
 		break
 	}
-	if err := tree.WriteFile(ctx, SandboxBundle, bundle, 0o644); err != nil {
-		return nil, fmt.Errorf("proxy: install CA bundle: %w", err)
-	}
+	s.install(ctx, tree, rootfs, SandboxBundle, bundle)
 	return TrustEnv(), nil
+}
+
+// install writes data at p in tree, logging (not returning) a failure.
+func (s *Service) install(ctx context.Context, tree *sandboxfs.Tree, rootfs, p string, data []byte) {
+	if err := tree.WriteFile(ctx, p, data, 0o644); err != nil {
+		s.log.Warn("could not install the egress CA in the sandbox", "rootfs", rootfs, "err", err)
+	}
 }

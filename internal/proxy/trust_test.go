@@ -89,3 +89,17 @@ func TestPrepareRootFSAppendsToSystemBundle(t *testing.T) {
 		}
 	}
 }
+
+// A directory planted at a Cubicle CA path costs the sandbox its CA, not
+// its boot.
+func TestPrepareRootFSDirectoryInTheWay(t *testing.T) {
+	s := trustService(t)
+	rootfs := t.TempDir()
+	os.MkdirAll(filepath.Join(rootfs, SandboxCAFile, "x"), 0o755)
+	if _, err := s.PrepareRootFS(context.Background(), rootfs); err != nil {
+		t.Fatalf("PrepareRootFS: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(rootfs, SandboxBundle)); err != nil || !bytes.Equal(b, s.ca.CertPEM()) {
+		t.Errorf("bundle = %q, %v", b, err)
+	}
+}

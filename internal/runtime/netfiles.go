@@ -11,6 +11,8 @@ import (
 	"io/fs"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/cubicle-dev/cubicle/internal/sandboxfs"
 )
 
@@ -41,7 +43,8 @@ const (
 )
 
 // maxNetFile caps what is read of a network file or the record; anything
-// bigger was made by the sandbox and counts as edited.
+// bigger (or not a regular file) was made by the sandbox and counts as
+// edited.
 const maxNetFile = 1 << 20
 
 // HostsFile is the generated /etc/hosts: loopback names plus the
@@ -97,7 +100,11 @@ func WriteNetFiles(ctx context.Context, rootfs, hostname string, resolv []byte) 
 
 // generated reports whether the file at p may be (re)written: it is
 // missing, Cubicle never wrote it (sum is ""), or it still hashes to sum.
+// A directory there cannot be replaced: it is the sandbox's.
 func generated(ctx context.Context, tree *sandboxfs.Tree, p, sum string) bool {
+	if st, err := tree.Lstat(p); err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		return false
+	}
 	if sum == "" {
 		return true
 	}

@@ -102,4 +102,11 @@ func TestWriteNetFilesHostileTree(t *testing.T) {
 	if fi, _ := os.Lstat(filepath.Join(rootfs, "etc/hosts")); fi.Mode()&os.ModeNamedPipe == 0 {
 		t.Errorf("edited (FIFO) hosts replaced: %v", fi.Mode())
 	}
+	// A directory in the way, record or not, is kept and the boot goes on.
+	os.Remove(filepath.Join(rootfs, NetFilesRecord))
+	os.Remove(filepath.Join(rootfs, "etc/hosts"))
+	os.MkdirAll(filepath.Join(rootfs, "etc/hosts/sub"), 0o755)
+	if err := WriteNetFiles(context.Background(), rootfs, "h", []byte("nameserver 10.0.0.1\n")); err != nil {
+		t.Fatalf("directory at /etc/hosts: %v", err)
+	}
 }

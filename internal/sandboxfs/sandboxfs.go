@@ -68,9 +68,8 @@ func OpenTree(dir string) (*Tree, error) {
 // Close releases the tree.
 func (t *Tree) Close() error { return unix.Close(t.fd) }
 
-// Open opens the regular file name for reading; the caller closes it and
-// bounds what it reads.
-func (t *Tree) Open(ctx context.Context, name string) (*os.File, error) {
+// open opens the regular file name for reading.
+func (t *Tree) open(ctx context.Context, name string) (*os.File, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, pathErr("open", name, err)
 	}
@@ -87,7 +86,7 @@ func (t *Tree) Open(ctx context.Context, name string) (*os.File, error) {
 func (t *Tree) ReadFile(ctx context.Context, name string, max int64) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, OpTimeout)
 	defer cancel()
-	f, err := t.Open(ctx, name)
+	f, err := t.open(ctx, name)
 	if err != nil {
 		return nil, err
 	}
