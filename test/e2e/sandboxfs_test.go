@@ -60,8 +60,8 @@ func upperDir(d *daemon, sb *protocol.Sandbox) string {
 // egress CA. A sandbox that makes it a 100 GiB sparse file used to OOM the
 // daemon on its next boot (and after every daemon restart), and a FIFO
 // there wedged the boot for good. Now the boot succeeds, the odd bundle is
-// skipped, the CA is still installed at the Cubicle paths, and the
-// daemon's memory stays bounded.
+// skipped, the CA is still installed at the Cubicle paths (in branches
+// too), and the daemon's memory stays bounded.
 func TestHostileCABundle(t *testing.T) {
 	ref := testImage(t)
 	const bundle = "/etc/ssl/certs/ca-certificates.crt"
@@ -90,6 +90,17 @@ func TestHostileCABundle(t *testing.T) {
 						t.Fatalf("daemon down: %v\n%s", err, d.logs.String())
 					}
 					resp.Body.Close()
+					// A branch boots over the captured bundle just as well.
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					cap, err := d.Client.CaptureSnapshot(ctx, sb.Name, protocol.CaptureSnapshotRequest{Name: "ca-" + attack.name})
+					if err != nil {
+						t.Fatal(err)
+					}
+					br := newSandbox(t, d.Client, cap.ID, func(r *protocol.CreateSandboxRequest) { r.Name = "ca-branch-" + attack.name })
+					if got := mustRun(t, d.Client, br.Name, "grep -c 'BEGIN CERTIFICATE' /etc/cubicle/ca-bundle.crt"); got != "1\n" {
+						t.Errorf("CA bundle in the branch: %q", got)
+					}
 					if rss := daemonPeakRSS(t, d); rss > 512<<20 {
 						t.Errorf("daemon peak RSS %d MiB", rss>>20)
 					} else {
