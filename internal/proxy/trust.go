@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
+	"syscall"
+
+	"github.com/cubicle-dev/cubicle/internal/sandboxfs"
 )
 
 // Paths inside a sandbox's root filesystem.
@@ -37,74 +39,53 @@ func TrustEnv() []string {
 	}
 }
 
+// maxSystemBundle caps the image's CA bundle the daemon reads at boot
+// (Debian's is about 220 KB): a bigger one, or one that is not a regular
+// file, is the sandbox's doing and is skipped, not read.
+const maxSystemBundle = 8 << 20
+
 // PrepareRootFS makes the sandbox whose root filesystem is mounted at
 // rootfs trust the CA: it writes SandboxCAFile and SandboxBundle and appends
 // the CA to the image's system bundle when there is one. It runs before the
 // sandbox starts, as root on the host, over a tree the sandbox may have
-// written on an earlier run: every access goes through os.Root, so a
-// symlink planted inside cannot redirect a write to the host. Idempotent.
-// It returns the environment to give the sandbox's processes.
+// written on an earlier run, so every access goes through sandboxfs.
+// Whatever the sandbox did to these paths (a FIFO or a 100 GiB sparse file
+// as its system bundle, a directory in the way) costs it only its trust in
+// the CA — logged, and failing closed: TLS the proxy intercepts is then
+// refused inside — never its boot. Idempotent; writes nothing when nothing
+// changed. It returns the environment to give the sandbox's processes.
 func (s *Service) PrepareRootFS(ctx context.Context, rootfs string) ([]string, error) {
-	root, err := os.OpenRoot(rootfs)
+	tree, err := sandboxfs.OpenTree(rootfs)
 	if err != nil {
-		return nil, fmt.Errorf("proxy: open rootfs: %w", err)
+		return nil, fmt.Errorf("proxy: %w", err)
 	}
-	defer root.Close()
+	defer tree.Close()
 	ca := s.ca.CertPEM()
-	if err := writeIn(root, SandboxCAFile, ca); err != nil {
-		return nil, err
-	}
-	var bundle []byte
+	s.install(ctx, tree, rootfs, SandboxCAFile, ca)
+	bundle := ca
 	for _, p := range systemBundles {
-		b, err := root.ReadFile(rel(p))
+		b, err := tree.ReadFile(ctx, p, maxSystemBundle)
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			continue
+		}
 		if err != nil {
+			s.log.Warn("skipping the sandbox's system CA bundle", "rootfs", rootfs, "err", err)
 			continue
 		}
 		if !bytes.Contains(b, bytes.TrimSpace(ca)) {
 			b = append(append(bytes.TrimRight(b, "\n"), '\n'), ca...)
-			if err := writeIn(root, p, b); err != nil {
-				return nil, err
-			}
+			s.install(ctx, tree, rootfs, p, b)
 		}
 		bundle = b
 		break
 	}
-	if bundle == nil {
-		bundle = ca
-	}
-	if err := writeIn(root, SandboxBundle, bundle); err != nil {
-		return nil, err
-	}
+	s.install(ctx, tree, rootfs, SandboxBundle, bundle)
 	return TrustEnv(), nil
 }
 
-// writeIn replaces the file at the absolute in-sandbox path p under root.
-// A symlink at p is replaced, not followed.
-func writeIn(root *os.Root, p string, data []byte) error {
-	r := rel(p)
-	if err := root.MkdirAll(dirOf(r), 0o755); err != nil {
-		return fmt.Errorf("proxy: mkdir for %s in sandbox: %w", p, err)
+// install writes data at p in tree, logging (not returning) a failure.
+func (s *Service) install(ctx context.Context, tree *sandboxfs.Tree, rootfs, p string, data []byte) {
+	if err := tree.WriteFile(ctx, p, data, 0o644); err != nil {
+		s.log.Warn("could not install the egress CA in the sandbox", "rootfs", rootfs, "err", err)
 	}
-	if fi, err := root.Lstat(r); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
-		if err := root.Remove(r); err != nil {
-			return fmt.Errorf("proxy: replace symlink %s in sandbox: %w", p, err)
-		}
-	} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("proxy: stat %s in sandbox: %w", p, err)
-	}
-	if err := root.WriteFile(r, data, 0o644); err != nil {
-		return fmt.Errorf("proxy: write %s in sandbox: %w", p, err)
-	}
-	return nil
-}
-
-func rel(p string) string { return p[1:] }
-
-func dirOf(p string) string {
-	for i := len(p) - 1; i >= 0; i-- {
-		if p[i] == '/' {
-			return p[:i]
-		}
-	}
-	return "."
 }

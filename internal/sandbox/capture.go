@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/sandboxfs"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/google/uuid"
@@ -212,12 +211,12 @@ func (m *Manager) seedIdentity(ctx context.Context, rid string, sn *store.Snapsh
 	if err != nil {
 		return err
 	}
-	etc := filepath.Join(upper, "etc")
-	if err := os.MkdirAll(etc, 0o755); err != nil {
+	tree, err := sandboxfs.OpenTree(upper)
+	if err != nil {
 		return fmt.Errorf("seed machine-id: %w", err)
 	}
-	id := randomHex(16) + "\n"
-	if err := os.WriteFile(filepath.Join(etc, "machine-id"), []byte(id), 0o444); err != nil {
+	defer tree.Close()
+	if err := tree.WriteFile(ctx, "/etc/machine-id", []byte(randomHex(16)+"\n"), 0o444); err != nil {
 		return fmt.Errorf("seed machine-id: %w", err)
 	}
 	return nil

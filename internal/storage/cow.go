@@ -13,6 +13,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/sandboxfs"
 )
 
 // Backends of a CoW store, as reported by CoW.Backend.
@@ -251,7 +253,7 @@ func (c *CoW) ExclusiveBytes(ctx context.Context, paths ...string) (map[string]i
 				}
 			}
 		}
-		n, err := diskUsage(p)
+		n, err := diskUsage(ctx, p)
 		if err != nil {
 			return nil, err
 		}
@@ -261,22 +263,25 @@ func (c *CoW) ExclusiveBytes(ctx context.Context, paths ...string) (map[string]i
 }
 
 // diskUsage is the allocated size of the tree at path, each inode counted
-// once. A missing path uses nothing.
-func diskUsage(path string) (int64, error) {
-	seen := map[uint64]bool{}
+// once. A missing path uses nothing. The tree is a sandbox's: it is
+// walked through sandboxfs, so a symlink swapped in never leads the walk
+// out of it.
+func diskUsage(ctx context.Context, path string) (int64, error) {
+	t, err := sandboxfs.OpenTree(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("measure %s: %w", path, err)
+	}
+	defer t.Close()
 	var total int64
-	err := filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
-			return nil
-		}
-		if st.Nlink > 1 && !d.IsDir() {
+	if st, err := t.Lstat("."); err == nil {
+		total += st.Blocks * 512
+	}
+	seen := map[uint64]bool{}
+	err = walk(ctx, t, ".", func(_ string, st *unix.Stat_t) error {
+		if st.Nlink > 1 && !isDir(st) {
 			if seen[st.Ino] {
 				return nil
 			}

@@ -167,3 +167,18 @@ func TestCopyBackend(t *testing.T) {
 		t.Fatalf("usage %v %v", got, err)
 	}
 }
+
+// TestDiskUsageStaysInTree: the copy backend's usage walk is over a
+// sandbox's tree; a symlink it planted to a host directory is not counted.
+func TestDiskUsageStaysInTree(t *testing.T) {
+	vol, host := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(host, "big"), make([]byte, 8<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(vol, "small"), []byte("x"), 0o600)
+	os.Symlink(host, filepath.Join(vol, "host"))
+	n, err := diskUsage(context.Background(), vol)
+	if err != nil || n <= 0 || n >= 8<<20 {
+		t.Fatalf("diskUsage = %d, %v; want the tree's few KiB, not the host dir's 8 MiB", n, err)
+	}
+}

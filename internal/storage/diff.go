@@ -8,12 +8,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
-	"path/filepath"
+	"path"
 	"sort"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/sandboxfs"
 )
 
 // Change kinds reported by Diff.
@@ -33,6 +35,10 @@ type Change struct {
 	Size int64
 }
 
+// maxDiffPaths bounds the paths one Diff considers, and so the memory a
+// sandbox can make the daemon spend by creating files.
+const maxDiffPaths = 1 << 19
+
 // Diff compares the merged views of two overlay layer stacks (bottom first;
 // the top of each may be a live upper dir) and lists every path added,
 // modified or deleted going from a to b, sorted by path.
@@ -48,15 +54,25 @@ type Change struct {
 // match and, for regular files, size matches and either the mtime matches
 // or the contents hash equal. Directory mtimes are ignored: they change
 // whenever a child does, and the child is reported.
+//
+// Layers are what sandboxes wrote, and a live upper changes while Diff
+// reads it, so every access goes through sandboxfs without following a
+// single symlink: nothing a sandbox plants or swaps in leads Diff out of
+// its layers or onto a FIFO, and more than maxDiffPaths paths is an error.
 func Diff(ctx context.Context, a, b []string) ([]Change, error) {
+	ls, err := openLayers(a, b)
+	if err != nil {
+		return nil, err
+	}
+	defer ls.close()
 	n := 0
 	for n < len(a) && n < len(b) && a[n] == b[n] {
 		n++
 	}
-	cand := map[string]bool{}
+	cand := candidates{}
 	for _, top := range [][]string{a[n:], b[n:]} {
 		for _, layer := range top {
-			if err := collect(ctx, layer, cand, a, b); err != nil {
+			if err := ls.collect(ctx, layer, cand, a, b); err != nil {
 				return nil, err
 			}
 		}
@@ -71,11 +87,11 @@ func Diff(ctx context.Context, a, b []string) ([]Change, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		ea, err := lookup(a, p)
+		ea, err := ls.lookup(a, p)
 		if err != nil {
 			return nil, err
 		}
-		eb, err := lookup(b, p)
+		eb, err := ls.lookup(b, p)
 		if err != nil {
 			return nil, err
 		}
@@ -86,7 +102,7 @@ func Diff(ctx context.Context, a, b []string) ([]Change, error) {
 		case eb == nil:
 			out = append(out, Change{Path: "/" + p, Kind: Deleted, Size: ea.size()})
 		default:
-			same, err := sameEntry(ea, eb)
+			same, err := sameEntry(ctx, ea, eb)
 			if err != nil {
 				return nil, err
 			}
@@ -98,34 +114,67 @@ func Diff(ctx context.Context, a, b []string) ([]Change, error) {
 	return out, nil
 }
 
+// candidates are the paths (relative, slash-separated) Diff looks up.
+type candidates map[string]bool
+
+func (c candidates) add(p string) error {
+	if len(c) >= maxDiffPaths && !c[p] {
+		return fmt.Errorf("diff: more than %d changed paths: %w", maxDiffPaths, errdefs.ErrInvalid)
+	}
+	c[p] = true
+	return nil
+}
+
+// layers holds every layer of a Diff open; a missing layer is nil (empty).
+type layers map[string]*sandboxfs.Tree
+
+func openLayers(stacks ...[]string) (layers, error) {
+	ls := layers{}
+	for _, st := range stacks {
+		for _, l := range st {
+			if _, ok := ls[l]; ok {
+				continue
+			}
+			t, err := sandboxfs.OpenTree(l)
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				ls.close()
+				return nil, fmt.Errorf("diff: %w", err)
+			}
+			ls[l] = t
+		}
+	}
+	return ls, nil
+}
+
+func (ls layers) close() {
+	for _, t := range ls {
+		if t != nil {
+			t.Close()
+		}
+	}
+}
+
 // collect adds every path in layer to cand. Below an entry that hides
 // lower layers (whiteout, opaque dir, non-directory) it also adds every
 // path of that subtree in all layers of both stacks.
-func collect(ctx context.Context, layer string, cand map[string]bool, stacks ...[]string) error {
-	return filepath.WalkDir(layer, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return fmt.Errorf("diff: walk %s: %w", p, err)
-		}
-		if p == layer {
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
+func (ls layers) collect(ctx context.Context, layer string, cand candidates, stacks ...[]string) error {
+	t := ls[layer]
+	if t == nil {
+		return nil
+	}
+	return walk(ctx, t, ".", func(rel string, st *unix.Stat_t) error {
+		if err := cand.add(rel); err != nil {
 			return err
 		}
-		rel := filepath.ToSlash(p[len(layer)+1:])
-		cand[rel] = true
-		if d.IsDir() && !isOpaque(p) {
+		if isDir(st) && !isOpaque(t, rel) {
 			return nil
 		}
-		for _, st := range stacks {
-			for _, l := range st {
-				if l == layer {
+		for _, s := range stacks {
+			for _, l := range s {
+				if l == layer || ls[l] == nil {
 					continue
 				}
-				if err := addSubtree(filepath.Join(l, rel), rel, cand); err != nil {
+				if err := addSubtree(ctx, ls[l], rel, cand); err != nil {
 					return err
 				}
 			}
@@ -134,64 +183,88 @@ func collect(ctx context.Context, layer string, cand map[string]bool, stacks ...
 	})
 }
 
-func addSubtree(dir, rel string, cand map[string]bool) error {
-	fi, err := os.Lstat(dir)
-	if err != nil || !fi.IsDir() {
+// walk calls fn for every entry below dir in t, parents first. Entries
+// that vanish or turn into something else while it walks are skipped.
+func walk(ctx context.Context, t *sandboxfs.Tree, dir string, fn func(rel string, st *unix.Stat_t) error) error {
+	ents, err := t.ReadDir(dir)
+	if err != nil {
 		return nil
 	}
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == dir {
-			return nil
+	for _, e := range ents {
+		if err := ctx.Err(); err != nil {
+			return err
 		}
-		cand[rel+"/"+filepath.ToSlash(p[len(dir)+1:])] = true
+		rel := path.Join(dir, e.Name())
+		st, err := t.Lstat(rel)
+		if err != nil {
+			continue
+		}
+		if err := fn(rel, &st); err != nil {
+			return err
+		}
+		if isDir(&st) {
+			if err := walk(ctx, t, rel, fn); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func addSubtree(ctx context.Context, t *sandboxfs.Tree, rel string, cand candidates) error {
+	if st, err := t.Lstat(rel); err != nil || !isDir(&st) {
 		return nil
-	})
+	}
+	return walk(ctx, t, rel, func(p string, _ *unix.Stat_t) error { return cand.add(p) })
 }
 
 // entry is a path as seen through a layer stack.
 type entry struct {
-	path string // host path of the file in the layer that provides it
+	tree *sandboxfs.Tree // the layer that provides it
+	rel  string
 	st   unix.Stat_t
 }
 
 func (e *entry) size() int64 {
-	if e.st.Mode&unix.S_IFMT == unix.S_IFDIR {
+	if isDir(&e.st) {
 		return 0
 	}
 	return e.st.Size
 }
 
-// lookup resolves rel (slash-separated, relative) through layers the way
+// lookup resolves rel (slash-separated, relative) through stack the way
 // overlayfs does, or returns nil when rel does not exist in the merged view.
-func lookup(layers []string, rel string) (*entry, error) {
+func (ls layers) lookup(stack []string, rel string) (*entry, error) {
 	parts := strings.Split(rel, "/")
-	for i := len(layers) - 1; i >= 0; i-- {
-		layer := layers[i]
+	for i := len(stack) - 1; i >= 0; i-- {
+		t := ls[stack[i]]
+		if t == nil {
+			continue
+		}
 		// Ancestors in this layer: a whiteout or non-directory hides rel in
 		// this and every lower layer; an opaque dir hides the lower ones.
 		stop := false
 		for j := 1; j < len(parts); j++ {
-			var st unix.Stat_t
-			anc := filepath.Join(layer, filepath.Join(parts[:j]...))
-			if err := unix.Lstat(anc, &st); err != nil {
+			anc := strings.Join(parts[:j], "/")
+			st, err := t.Lstat(anc)
+			if err != nil {
 				break // absent here: look in lower layers
 			}
-			if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			if !isDir(&st) {
 				return nil, nil
 			}
-			if isOpaque(anc) {
+			if isOpaque(t, anc) {
 				stop = true
 			}
 		}
-		p := filepath.Join(layer, rel)
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err == nil {
+		st, err := t.Lstat(rel)
+		if err == nil {
 			if isWhiteout(&st) {
 				return nil, nil
 			}
-			return &entry{path: p, st: st}, nil
-		} else if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) {
-			return nil, fmt.Errorf("diff: stat %s: %w", p, err)
+			return &entry{tree: t, rel: rel, st: st}, nil
+		} else if !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.ENOTDIR) && !errors.Is(err, unix.ELOOP) {
+			return nil, fmt.Errorf("diff: %w", err)
 		}
 		if stop {
 			return nil, nil
@@ -200,21 +273,23 @@ func lookup(layers []string, rel string) (*entry, error) {
 	return nil, nil
 }
 
+func isDir(st *unix.Stat_t) bool { return st.Mode&unix.S_IFMT == unix.S_IFDIR }
+
 func isWhiteout(st *unix.Stat_t) bool {
 	return st.Mode&unix.S_IFMT == unix.S_IFCHR && st.Rdev == 0
 }
 
-func isOpaque(dir string) bool {
+func isOpaque(t *sandboxfs.Tree, dir string) bool {
 	buf := make([]byte, 8)
 	for _, attr := range []string{"trusted.overlay.opaque", "user.overlay.opaque"} {
-		if n, err := unix.Lgetxattr(dir, attr, buf); err == nil && n > 0 && buf[0] == 'y' {
+		if n, err := t.DirXattr(dir, attr, buf); err == nil && n > 0 && buf[0] == 'y' {
 			return true
 		}
 	}
 	return false
 }
 
-func sameEntry(a, b *entry) (bool, error) {
+func sameEntry(ctx context.Context, a, b *entry) (bool, error) {
 	sa, sb := &a.st, &b.st
 	if sa.Mode != sb.Mode || sa.Uid != sb.Uid || sa.Gid != sb.Gid {
 		return false, nil
@@ -226,8 +301,8 @@ func sameEntry(a, b *entry) (bool, error) {
 	case unix.S_IFDIR:
 		return true, nil
 	case unix.S_IFLNK:
-		ta, err1 := os.Readlink(a.path)
-		tb, err2 := os.Readlink(b.path)
+		ta, err1 := a.tree.Readlink(a.rel)
+		tb, err2 := b.tree.Readlink(b.rel)
 		if err := errors.Join(err1, err2); err != nil {
 			return false, fmt.Errorf("diff: %w", err)
 		}
@@ -239,33 +314,48 @@ func sameEntry(a, b *entry) (bool, error) {
 		if sa.Mtim == sb.Mtim {
 			return true, nil
 		}
-		return sameContent(a.path, b.path)
+		return sameContent(ctx, a, b)
 	default:
 		return sa.Rdev == sb.Rdev, nil
 	}
 }
 
-func sameContent(a, b string) (bool, error) {
-	ha, err := hashFile(a)
+func sameContent(ctx context.Context, a, b *entry) (bool, error) {
+	ha, err := hashEntry(ctx, a)
 	if err != nil {
 		return false, err
 	}
-	hb, err := hashFile(b)
+	hb, err := hashEntry(ctx, b)
 	if err != nil {
 		return false, err
 	}
-	return bytes.Equal(ha, hb), nil
+	return ha != nil && hb != nil && bytes.Equal(ha, hb), nil
 }
 
-func hashFile(p string) ([]byte, error) {
-	f, err := os.Open(p)
+// hashEntry is the SHA-256 of regular file e, or nil when it is no longer
+// one (a sandbox swapped it while Diff ran: it changed).
+func hashEntry(ctx context.Context, e *entry) ([]byte, error) {
+	f, err := e.tree.OpenEntry(e.rel)
+	if errors.Is(err, sandboxfs.ErrNotRegular) || errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ELOOP) {
+		return nil, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("diff: %w", err)
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return nil, fmt.Errorf("diff: read %s: %w", p, err)
+	buf := make([]byte, 1<<20)
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n, err := f.Read(buf)
+		h.Write(buf[:n])
+		if errors.Is(err, io.EOF) {
+			return h.Sum(nil), nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("diff: read %s: %w", e.rel, err)
+		}
 	}
-	return h.Sum(nil), nil
 }

@@ -2,9 +2,11 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,5 +103,71 @@ func TestOverlayCaptureDiff(t *testing.T) {
 	var st unix.Stat_t
 	if unix.Lstat(layer+"/etc/gone", &st) != nil || !isWhiteout(&st) {
 		t.Fatal("captured layer lacks the whiteout")
+	}
+}
+
+// TestDiffStaysInLayers: Diff reads a live upper dir while its sandbox
+// runs. A sandbox that plants symlinks and FIFOs, and keeps swapping a
+// directory for a symlink to a host directory, must not make Diff list
+// host files or block; nor may sparse files make it read past its
+// caller's deadline.
+func TestDiffStaysInLayers(t *testing.T) {
+	ctx := context.Background()
+	base, upper, host := t.TempDir(), t.TempDir(), t.TempDir()
+	write(t, host+"/host-secret", "host", 0o600)
+	write(t, upper+"/sw/a/inside", "x", 0o644)
+	os.Symlink(host, upper+"/link")
+	unix.Mkfifo(upper+"/fifo", 0o644)
+
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { // the sandbox, racing the walk: sw/a flips dir <-> symlink
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			os.Rename(upper+"/sw/a", upper+"/sw/a.real")
+			os.Symlink(host, upper+"/sw/a")
+			time.Sleep(time.Microsecond)
+			os.Remove(upper + "/sw/a")
+			os.Rename(upper+"/sw/a.real", upper+"/sw/a")
+		}
+	}()
+	deadline := time.Now().Add(time.Second)
+	runs := 0
+	for time.Now().Before(deadline) {
+		got, err := Diff(ctx, []string{base}, []string{base, upper})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range got {
+			if strings.Contains(c.Path, "host-secret") {
+				t.Fatalf("diff listed a host file: %v", got)
+			}
+		}
+		runs++
+	}
+	close(stop)
+	<-done
+	t.Logf("%d diffs while racing", runs)
+
+	// Same size as base's, different mtime: Diff must hash 16 GiB of holes,
+	// and stops when its caller gives up.
+	for _, l := range []string{base, upper} {
+		write(t, l+"/etc/big", "", 0o644)
+		if err := os.Truncate(l+"/etc/big", 8<<30); err != nil {
+			t.Fatal(err)
+		}
+	}
+	os.Chtimes(upper+"/etc/big", time.Now(), time.Now().Add(time.Hour))
+	ctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	t0 := time.Now()
+	_, err := Diff(ctx, []string{base}, []string{base, upper})
+	if took := time.Since(t0); !errors.Is(err, context.DeadlineExceeded) || took > time.Second {
+		t.Fatalf("diff of 16 GiB of holes under a 50ms deadline: %v after %s", err, took)
 	}
 }

@@ -19,8 +19,6 @@ import (
 // Files written into a sandbox's bundle directory (stateDir/<id>/).
 const (
 	configFile  = "config.json"
-	resolvFile  = "resolv.conf"
-	hostsFile   = "hosts"
 	runscLog    = "runsc.log"
 	consoleFile = "console.log"
 )
@@ -55,20 +53,10 @@ var rootCapabilities = []string{
 	"CAP_SETFCAP",
 }
 
-// writeBundle writes config.json, resolv.conf and hosts into dir, the
-// sandbox's bundle directory, which must exist.
-func writeBundle(dir string, spec runtime.Spec, hostResolv string) error {
-	resolv, err := resolvConf(hostResolv)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, resolvFile), resolv, 0o644); err != nil {
-		return fmt.Errorf("write resolv.conf: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, hostsFile), hostsContent(spec.Hostname), 0o644); err != nil {
-		return fmt.Errorf("write hosts: %w", err)
-	}
-	data, err := json.MarshalIndent(ociSpec(dir, spec), "", "  ")
+// writeBundle writes config.json into dir, the sandbox's bundle
+// directory, which must exist.
+func writeBundle(dir string, spec runtime.Spec) error {
+	data, err := json.MarshalIndent(ociSpec(spec), "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode OCI config: %w", err)
 	}
@@ -78,9 +66,8 @@ func writeBundle(dir string, spec runtime.Spec, hostResolv string) error {
 	return nil
 }
 
-// ociSpec builds the OCI runtime config for spec, with the generated
-// resolv.conf and hosts taken from bundleDir.
-func ociSpec(bundleDir string, spec runtime.Spec) *specs.Spec {
+// ociSpec builds the OCI runtime config for spec.
+func ociSpec(spec runtime.Spec) *specs.Spec {
 	caps := append([]string(nil), rootCapabilities...)
 	return &specs.Spec{
 		Version: specs.Version,
@@ -98,7 +85,7 @@ func ociSpec(bundleDir string, spec runtime.Spec) *specs.Spec {
 			Rlimits: rlimits(spec.Limits),
 		},
 		Hostname: spec.Hostname,
-		Mounts:   mounts(bundleDir, spec.AgentBinary),
+		Mounts:   mounts(spec.AgentBinary),
 		Linux: &specs.Linux{
 			CgroupsPath: "/cubicle/" + spec.ID,
 			Resources:   resources(spec.Limits),
@@ -124,10 +111,11 @@ func agentEnv(spec runtime.Spec) []string {
 	return env
 }
 
-// mounts lists the sandbox's mounts. runsc supplies /dev itself; the
-// generated network files and the agent are bound read-only so that nothing
-// inside can replace PID 1's binary or redirect name resolution for good.
-func mounts(bundleDir, agentBinary string) []specs.Mount {
+// mounts lists the sandbox's mounts. runsc supplies /dev itself; the agent
+// is bound read-only so that nothing inside can replace PID 1's binary.
+// resolv.conf and hosts are files of the rootfs (runtime.WriteNetFiles),
+// which root inside may edit.
+func mounts(agentBinary string) []specs.Mount {
 	ro := []string{"rbind", "ro"}
 	return []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
@@ -136,8 +124,6 @@ func mounts(bundleDir, agentBinary string) []specs.Mount {
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		{Destination: runtime.AgentMountPath, Type: "bind", Source: agentBinary, Options: ro},
-		{Destination: "/etc/resolv.conf", Type: "bind", Source: filepath.Join(bundleDir, resolvFile), Options: ro},
-		{Destination: "/etc/hosts", Type: "bind", Source: filepath.Join(bundleDir, hostsFile), Options: ro},
 	}
 }
 
@@ -226,15 +212,4 @@ func resolvConf(hostResolv string) ([]byte, error) {
 		fmt.Fprintf(&b, "nameserver %s\n", s)
 	}
 	return b.Bytes(), nil
-}
-
-// hostsContent is the sandbox's /etc/hosts: loopback names plus the
-// hostname, so that tools resolving their own hostname do not hang on DNS.
-func hostsContent(hostname string) []byte {
-	var b bytes.Buffer
-	b.WriteString("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
-	if hostname != "" {
-		fmt.Fprintf(&b, "127.0.1.1\t%s\n", hostname)
-	}
-	return b.Bytes()
 }

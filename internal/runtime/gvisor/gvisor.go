@@ -3,7 +3,7 @@
 // binary, so the host kernel sees only the Sentry's small syscall surface.
 //
 // Layout: every sandbox owns stateDir/<id>/ (its OCI bundle: config.json,
-// the generated resolv.conf and hosts, runsc.log and console.log), and runsc
+// runsc.log and console.log), and runsc
 // keeps its own container state under stateDir/runsc, shared by all ids.
 // That directory is all the driver persists, which is what lets a new Driver
 // (after a daemon restart) see and stop sandboxes an older one started.
@@ -178,7 +178,17 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) er
 		return fmt.Errorf("start sandbox %s: create bundle dir: %w", spec.ID, err)
 	}
 	undo.Push(func(context.Context) error { return os.RemoveAll(dir) })
-	if err := writeBundle(dir, spec, d.hostResolv); err != nil {
+	if image == "" {
+		// A restored sandbox keeps the files its processes already read.
+		resolv, err := resolvConf(d.hostResolv)
+		if err != nil {
+			return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+		}
+		if err := runtime.WriteNetFiles(ctx, spec.RootFS, spec.Hostname, resolv); err != nil {
+			return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+		}
+	}
+	if err := writeBundle(dir, spec); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
 	if err := saveNetConfig(spec.NetNS, dir); err != nil {

@@ -98,8 +98,12 @@ func TestStartStop(t *testing.T) {
 	if got := s.sh(t, "cat /etc/resolv.conf"); !strings.Contains(got, "nameserver ") || strings.Contains(got, "127.0.0.53") {
 		t.Errorf("resolv.conf = %q", got)
 	}
-	if got := s.sh(t, "grep "+s.spec.Hostname+" /etc/hosts; id -u; echo x > /etc/hosts || echo ro"); !strings.Contains(got, s.spec.Hostname) || !strings.Contains(got, "\n0\n") || !strings.Contains(got, "ro") {
-		t.Errorf("hosts/id/ro check = %q", got)
+	if got := s.sh(t, "grep "+s.spec.Hostname+" /etc/hosts; id -u; echo '10.9.9.9 extra' >> /etc/hosts && echo edited"); !strings.Contains(got, s.spec.Hostname) || !strings.Contains(got, "\n0\nedited") {
+		t.Errorf("hosts/id/edit check = %q", got)
+	}
+	// /etc/hosts is the sandbox's own file, in its upper dir (its quota).
+	if b, err := os.ReadFile(filepath.Join(s.upper, "etc/hosts")); err != nil || !strings.Contains(string(b), "10.9.9.9 extra") {
+		t.Errorf("upper/etc/hosts = %q, %v; want root's edit", b, err)
 	}
 	if got := s.sh(t, "echo x > /.cubicle/cubicle || echo ro"); !strings.Contains(got, "ro") {
 		t.Errorf("agent binary writable inside: %q", got)

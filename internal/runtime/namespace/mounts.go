@@ -41,9 +41,11 @@ func (m *detachedMounts) close() {
 var hostDevices = [...]string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // hostMounts builds every detached mount init needs: the idmapped rootfs,
-// the agent binary (read-only, from d's copy), resolv.conf, hosts and the
-// device nodes.
-func (d *Driver) hostMounts(spec runtime.Spec, usernsFD int, resolv, hosts string) (*detachedMounts, error) {
+// the agent binary (read-only, from d's copy) and the device nodes.
+// resolv.conf and hosts are files of the rootfs (runtime.WriteNetFiles), not
+// host files: bound in, they let the sandbox write past its quota onto the
+// host's disk.
+func (d *Driver) hostMounts(spec runtime.Spec, usernsFD int) (*detachedMounts, error) {
 	m := &detachedMounts{}
 	root, err := idmappedRoot(spec.RootFS, usernsFD)
 	if err != nil {
@@ -55,28 +57,16 @@ func (d *Driver) hostMounts(spec runtime.Spec, usernsFD int, resolv, hosts strin
 		return m, err
 	}
 	m.add(agent, runtime.AgentMountPath, true)
-	binds := []struct {
-		src, target string
-		attr        uint64
-	}{
-		{resolv, "/etc/resolv.conf", unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC},
-		{hosts, "/etc/hosts", unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC},
-	}
 	for _, dev := range hostDevices {
-		binds = append(binds, struct {
-			src, target string
-			attr        uint64
-		}{"/dev/" + dev, "/dev/" + dev, unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC})
-	}
-	for _, b := range binds {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, b.src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+		src := "/dev/" + dev
+		fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 		if err != nil {
-			return m, fmt.Errorf("open_tree %s: %w", b.src, err)
+			return m, fmt.Errorf("open_tree %s: %w", src, err)
 		}
-		m.add(fd, b.target, true)
-		attr := unix.MountAttr{Attr_set: b.attr}
+		m.add(fd, src, true)
+		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC}
 		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-			return m, fmt.Errorf("mount_setattr %s: %w", b.src, err)
+			return m, fmt.Errorf("mount_setattr %s: %w", src, err)
 		}
 	}
 	return m, nil

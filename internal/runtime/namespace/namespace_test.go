@@ -94,9 +94,9 @@ func TestEscape(t *testing.T) {
 			t.Errorf("/proc/1/status inside %s = %q, want %q", k, got, v)
 		}
 	}
-	// Only single-file binds (resolv.conf, hosts) come from the host's
-	// disk; no host directory, netns or cgroup tree is mounted, and neither
-	// the rootfs layers nor the agent binary reveal their host paths.
+	// Only single-file binds (the device nodes) come from the host's disk;
+	// no host directory, netns or cgroup tree is mounted, and neither the
+	// rootfs layers nor the agent binary reveal their host paths.
 	mounts := s.MustExec(t, "cat /proc/self/mountinfo")
 	t.Logf("mountinfo inside:\n%s", mounts)
 	for _, hostPath := range []string{env.Base, filepath.Dir(env.Agent), filepath.Dir(s.RootFS.Upper), filepath.Dir(s.RootFS.Merged)} {

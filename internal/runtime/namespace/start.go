@@ -51,8 +51,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	}
 	undo.Push(func(context.Context) error { return os.RemoveAll(dir) })
 
-	resolv, hosts := filepath.Join(dir, "resolv.conf"), filepath.Join(dir, "hosts")
-	if err := d.writeNetFiles(resolv, hosts, spec.Hostname); err != nil {
+	if err := runtime.WriteNetFiles(ctx, spec.RootFS, spec.Hostname, d.resolvFile()); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 
@@ -66,7 +65,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	mounts, err := d.hostMounts(spec, usernsFD, resolv, hosts)
+	mounts, err := d.hostMounts(spec, usernsFD)
 	defer mounts.close()
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
@@ -299,9 +298,10 @@ func procStat(pid int) (uint64, bool, error) {
 	return start, f[0] == "Z" || f[0] == "X", err
 }
 
-// writeNetFiles generates the sandbox's resolv.conf and hosts, owned by the
-// sandbox's root so that root inside may edit them.
-func (d *Driver) writeNetFiles(resolvPath, hostsPath, hostname string) error {
+// resolvFile generates the sandbox's resolv.conf from the host's: its
+// non-loopback nameservers and search/options lines, or public resolvers
+// when the host has none a sandbox can reach.
+func (d *Driver) resolvFile() []byte {
 	var rc strings.Builder
 	n := 0
 	if f, err := os.Open(d.resolvConf); err == nil {
@@ -328,17 +328,5 @@ func (d *Driver) writeNetFiles(resolvPath, hostsPath, hostname string) error {
 	if n == 0 {
 		rc.WriteString("nameserver 1.1.1.1\nnameserver 8.8.8.8\n")
 	}
-	hosts := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
-	if hostname != "" {
-		hosts += "127.0.1.1\t" + hostname + "\n"
-	}
-	for name, content := range map[string]string{resolvPath: rc.String(), hostsPath: hosts} {
-		if err := os.WriteFile(name, []byte(content), 0o644); err != nil {
-			return err
-		}
-		if err := os.Chown(name, hostIDBase, hostIDBase); err != nil {
-			return err
-		}
-	}
-	return nil
+	return []byte(rc.String())
 }
