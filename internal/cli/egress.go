@@ -13,6 +13,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/secrets"
 )
 
@@ -33,15 +34,21 @@ func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
 }
 
 // newEgress starts the egress proxy and opens the workspace secrets vault.
-func newEgress(ctx context.Context, f egressFlags, dataDir string, netmgr *network.Manager, box *secrets.Box, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
+// Sandboxes' DNS is allowed toward the nameservers the drivers derive
+// from hostResolv.
+func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, netmgr *network.Manager, box *secrets.Box, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
 	vault, err := secrets.OpenVault(box, filepath.Join(dataDir, "workspace-secrets.json"))
+	if err != nil {
+		return nil, nil, err
+	}
+	resolvers, err := runtime.Nameservers(hostResolv)
 	if err != nil {
 		return nil, nil, err
 	}
 	cfg := proxy.Config{
 		Network: netmgr, CADir: filepath.Join(dataDir, "ca"), Listen: f.listen,
 		Secrets: vault, Forbidden: []netip.Prefix{netmgr.Pool()}, Logger: log,
-		Resolve: map[string]netip.Addr{},
+		Resolve: map[string]netip.Addr{}, Resolvers: resolvers,
 	}
 	for _, p := range f.caFiles {
 		b, err := os.ReadFile(p)

@@ -42,6 +42,7 @@ type serveFlags struct {
 	reapInterval       time.Duration
 	ttlGranularity     time.Duration
 	egress             egressFlags
+	hostResolv         string
 }
 
 func newServeCmd() *cobra.Command {
@@ -59,6 +60,8 @@ func newServeCmd() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to serve the API on")
 	addEgressFlags(fl, &f.egress)
+	fl.StringVar(&f.hostResolv, "host-resolv-conf", "/etc/resolv.conf",
+		"resolv.conf whose non-loopback nameservers sandboxes use (the only DNS servers a sandbox with an allow list can reach)")
 	fl.StringVar(&f.dataDir, "data-dir", "/var/lib/cubicle", "directory for state, images and sandbox filesystems")
 	fl.StringVar(&f.publicURL, "public-url", "", "externally reachable base URL (default http://<listen>)")
 	fl.StringVar(&f.runtime, "runtime", "gvisor", "sandbox runtime: gvisor or namespace")
@@ -135,7 +138,7 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	registries := registry.New(st, box)
-	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, netmgr, box, log)
+	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, log)
 	if err != nil {
 		return err
 	}
@@ -188,9 +191,9 @@ func newDriver(f serveFlags) (runtime.Driver, error) {
 		if err != nil {
 			return nil, err
 		}
-		return gvisor.New(runsc, stateDir)
+		return gvisor.New(runsc, stateDir, gvisor.WithHostResolvConf(f.hostResolv))
 	case "namespace":
-		return namespace.New(stateDir)
+		return namespace.New(stateDir, namespace.WithHostResolvConf(f.hostResolv))
 	default:
 		return nil, fmt.Errorf("unknown --runtime %q (want gvisor or namespace)", f.runtime)
 	}

@@ -30,7 +30,8 @@ import (
 //	forward: iifname "cb*" ip saddr vmap @egress                               (before the final accept)
 //	chain eg-<HostIf> {                       # one per sandbox with a list
 //	  set eg-<HostIf> { type ipv4_addr; flags interval }   # the list's IPs and CIDRs
-//	  allow: udp/tcp dport 53 accept; ip daddr @set accept; tcp → reject with tcp reset; else reject admin-prohibited
+//	  allow: ip daddr <resolver> udp/tcp dport 53 accept (per resolver); ip daddr @set accept;
+//	         tcp → reject with tcp reset; else reject admin-prohibited
 //	  deny:  ip daddr @set tcp → reject with tcp reset; ip daddr @set reject admin-prohibited
 //	}
 //
@@ -54,7 +55,7 @@ type EgressMode int
 // Egress modes (see the proxy's access_control).
 const (
 	EgressOpen  EgressMode = iota // no list: everything not otherwise forbidden passes
-	EgressAllow                   // only Nets (and DNS) pass; other raw IP traffic is rejected
+	EgressAllow                   // only Nets (and DNS to Resolvers) pass; other raw IP traffic is rejected
 	EgressDeny                    // Nets are rejected
 )
 
@@ -64,6 +65,10 @@ const (
 type EgressPolicy struct {
 	Mode EgressMode
 	Nets []netip.Prefix // IPv4 only; IPv6 egress is dropped anyway
+	// Resolvers are the nameservers the sandbox's resolv.conf names
+	// (IPv4). Under an allow list port 53 is open toward these only:
+	// port 53 to any other address would be a channel around the list.
+	Resolvers []netip.Addr
 	// ProxyPort, when non-zero, redirects the sandbox's TCP 80 and 443 to
 	// this port on HostIP (the daemon's transparent proxy).
 	ProxyPort uint16
@@ -86,6 +91,11 @@ func (m *Manager) SetEgress(id string, p EgressPolicy) error {
 	for _, n := range p.Nets {
 		if !n.Addr().Is4() {
 			return fmt.Errorf("network: egress %s: %s is not IPv4: %w", id, n, errdefs.ErrInvalid)
+		}
+	}
+	for _, a := range p.Resolvers {
+		if !a.Is4() {
+			return fmt.Errorf("network: egress %s: resolver %s is not IPv4: %w", id, a, errdefs.ErrInvalid)
 		}
 	}
 	if err := ensureEgressTables(); err != nil {
@@ -225,9 +235,13 @@ func installEgress(ep *Endpoint, p EgressPolicy) error {
 	prohibited := []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}}
 	switch p.Mode {
 	case EgressAllow:
-		// DNS stays open so names resolve; the answers open nothing here.
-		add(l4proto(unix.IPPROTO_UDP), udpDport(53), verdict(expr.VerdictAccept))
-		add(tcp, tcpDport(53), verdict(expr.VerdictAccept))
+		// DNS to the sandbox's own resolvers stays open so names resolve;
+		// the answers open nothing here.
+		for _, r := range p.Resolvers {
+			dst := slices.Concat(ipField(16), []expr.Any{&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: r.AsSlice()}})
+			add(dst, l4proto(unix.IPPROTO_UDP), udpDport(53), verdict(expr.VerdictAccept))
+			add(dst, tcpDport(53), verdict(expr.VerdictAccept))
+		}
 		add(inNets, verdict(expr.VerdictAccept))
 		add(tcp, counter, tcpReset)
 		add(counter, prohibited)

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,6 +81,27 @@ func TestEgressPolicy(t *testing.T) {
 		mustReach(t, ep.NetNS, first)
 		refusedFast(t, ep.NetNS, other)
 	})
+	t.Run("allow: DNS only to the resolvers", func(t *testing.T) {
+		// Both outside addresses serve port 53 (TCP and UDP): the
+		// sandbox's resolver is out.ip; second plays an attacker's host.
+		listenIn(t, out.ns, "0.0.0.0:53")
+		udp := udpEchoIn(t, out.ns, "0.0.0.0:53")
+		must(t, m.SetEgress(id, EgressPolicy{Mode: EgressAllow, Resolvers: []netip.Addr{out.ip}}))
+		resolver := netip.AddrPortFrom(out.ip, 53).String()
+		attacker := netip.AddrPortFrom(second, 53).String()
+		mustReach(t, ep.NetNS, resolver)
+		if err := udpRoundTrip(t, ep.NetNS, resolver); err != nil {
+			t.Fatalf("UDP to the resolver %s: %v", resolver, err)
+		}
+		refusedFast(t, ep.NetNS, attacker)
+		before := udp.Load()
+		if err := udpRoundTrip(t, ep.NetNS, attacker); err == nil {
+			t.Fatalf("UDP to %s (not a resolver) got an answer", attacker)
+		}
+		if n := udp.Load(); n != before {
+			t.Fatalf("a datagram to %s reached the server (%d → %d)", attacker, before, n)
+		}
+	})
 	t.Run("open", func(t *testing.T) {
 		must(t, m.SetEgress(id, EgressPolicy{}))
 		mustReach(t, ep.NetNS, other)
@@ -151,6 +173,57 @@ func TestEgressPolicy(t *testing.T) {
 	if n, _ := m.EgressRejected(id); n != 0 {
 		t.Fatalf("counter survives teardown: %d", n)
 	}
+}
+
+// udpEchoIn serves UDP echo on addr inside nsPath and counts the
+// datagrams it receives.
+func udpEchoIn(t *testing.T, nsPath, addr string) *atomic.Int64 {
+	t.Helper()
+	var pc net.PacketConn
+	var err error
+	inNS(t, nsPath, func() { pc, err = net.ListenPacket("udp4", addr) })
+	if err != nil {
+		t.Fatalf("listen udp in %s on %s: %v", nsPath, addr, err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	var n atomic.Int64
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			k, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			_, _ = pc.WriteTo(buf[:k], from)
+		}
+	}()
+	return &n
+}
+
+// udpRoundTrip sends a datagram to addr from nsPath and waits briefly for
+// its echo.
+func udpRoundTrip(t *testing.T, nsPath, addr string) error {
+	var c net.Conn
+	var err error
+	inNS(t, nsPath, func() { c, err = net.Dial("udp4", addr) })
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	buf := make([]byte, 16)
+	k, err := c.Read(buf)
+	if err != nil {
+		return err
+	}
+	if string(buf[:k]) != "ping" {
+		return fmt.Errorf("echo %q", buf[:k])
+	}
+	return nil
 }
 
 func TestIntervalElems(t *testing.T) {

@@ -64,6 +64,10 @@ type Config struct {
 	Resolve map[string]netip.Addr
 	// Secrets resolves workspace_secret header values.
 	Secrets SecretSource
+	// Resolvers are the nameservers sandboxes' resolv.conf names
+	// (runtime.Nameservers): under an allow list, DNS is open toward
+	// these only.
+	Resolvers []netip.Addr
 	// Forbidden are never dialled (the sandbox pool, typically), in
 	// addition to loopback, link-local and the host's own addresses.
 	Forbidden []netip.Prefix
@@ -208,6 +212,11 @@ func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.
 	for _, n := range pol.Nets() {
 		if n.Addr().Is4() {
 			np.Nets = append(np.Nets, n)
+		}
+	}
+	for _, a := range s.cfg.Resolvers {
+		if a.Is4() {
+			np.Resolvers = append(np.Resolvers, a)
 		}
 	}
 	if pol.Proxied() {
