@@ -43,10 +43,12 @@ type serveFlags struct {
 	ttlGranularity     time.Duration
 	egress             egressFlags
 	hostResolv         string
+	conns              api.ConnLimits
 }
 
 func newServeCmd() *cobra.Command {
 	var f serveFlags
+	f.conns = api.DefaultConnLimits()
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the Cubicle daemon (API, sandbox manager, image store)",
@@ -62,6 +64,11 @@ func newServeCmd() *cobra.Command {
 	addEgressFlags(fl, &f.egress)
 	fl.StringVar(&f.hostResolv, "host-resolv-conf", "/etc/resolv.conf",
 		"resolv.conf whose non-loopback nameservers sandboxes use (the only DNS servers a sandbox with an allow list can reach)")
+	fl.DurationVar(&f.conns.HeaderTimeout, "http-header-timeout", f.conns.HeaderTimeout,
+		"time a client has to send a request's headers once the server waits for them (closes silent and slow-loris connections)")
+	fl.DurationVar(&f.conns.IdleTimeout, "http-idle-timeout", f.conns.IdleTimeout, "how long a keep-alive connection may sit between requests")
+	fl.IntVar(&f.conns.MaxConnsPerClient, "max-conns-per-client", f.conns.MaxConnsPerClient,
+		"open connections allowed per client IPv4 address or IPv6 /64 (more get a 503); 0: no cap. Behind a reverse proxy every client shares its address")
 	fl.StringVar(&f.dataDir, "data-dir", "/var/lib/cubicle", "directory for state, images and sandbox filesystems")
 	fl.StringVar(&f.publicURL, "public-url", "", "externally reachable base URL (default http://<listen>)")
 	fl.StringVar(&f.runtime, "runtime", "gvisor", "sandbox runtime: gvisor or namespace")
@@ -164,11 +171,16 @@ func serve(ctx context.Context, f serveFlags) error {
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw))
 	handler.EnableRegistries(registries)
 	handler.EnableEgress(vault, egress)
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
+	// No RLIMIT_NOFILE code here: the Go runtime already raises the soft
+	// limit to the hard one (less one) at start and restores the original
+	// for the children it execs (runsc, sandboxes); e2e TestConnLimits
+	// checks it. The per-client cap is what bounds one caller's share.
+	srv := api.NewHTTPServer(handler, f.conns, log)
 	go mgr.RunReaper(ctx)
-	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir)
+	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir,
+		"max_conns_per_client", f.conns.MaxConnsPerClient)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(api.LimitListener(ln, f.conns.MaxConnsPerClient, log)) }()
 	select {
 	case err := <-errc:
 		return err
