@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -64,19 +63,4 @@ func TestLimitListener(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	a.Close()
-}
-
-// TestClientKey: an IPv6 host cannot escape its cap by rotating addresses
-// within its /64; IPv4-mapped addresses count as IPv4.
-func TestClientKey(t *testing.T) {
-	k := func(s string) netip.Prefix { return clientKey(netip.MustParseAddr(s)) }
-	if k("2001:db8::1") != k("2001:db8::ffff:1") {
-		t.Error("two addresses of one /64 have different keys")
-	}
-	if k("2001:db8::1") == k("2001:db8:0:1::1") {
-		t.Error("two /64s share a key")
-	}
-	if k("::ffff:192.0.2.1") != k("192.0.2.1") || k("192.0.2.1") == k("192.0.2.2") {
-		t.Error("IPv4 keys are not per address")
-	}
 }

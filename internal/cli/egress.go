@@ -19,9 +19,10 @@ import (
 
 // egressFlags configure the egress proxy (proxy_config enforcement).
 type egressFlags struct {
-	listen  string
-	caFiles []string
-	resolve []string
+	listen   string
+	caFiles  []string
+	resolve  []string
+	maxConns int
 }
 
 func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
@@ -29,6 +30,8 @@ func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
 		"address of the transparent egress proxy; sandboxes reach it only through the redirect of their TCP 80/443 (port 0: any free port)")
 	fl.StringSliceVar(&f.caFiles, "egress-ca-file", nil,
 		"PEM file of extra CA certificates the egress proxy trusts for upstream TLS, besides the host's (repeatable)")
+	fl.IntVar(&f.maxConns, "egress-max-conns-per-sandbox", 512,
+		"connections one sandbox may hold open through the egress proxy at once (more are reset)")
 	fl.StringSliceVar(&f.resolve, "egress-resolve", nil,
 		"NAME=IPv4: resolve NAME to IPv4 in the egress proxy instead of DNS (repeatable; for tests and split-horizon setups)")
 }
@@ -48,7 +51,7 @@ func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, n
 	cfg := proxy.Config{
 		Network: netmgr, CADir: filepath.Join(dataDir, "ca"), Listen: f.listen,
 		Secrets: vault, Forbidden: []netip.Prefix{netmgr.Pool()}, Logger: log,
-		Resolve: map[string]netip.Addr{}, Resolvers: resolvers,
+		Resolve: map[string]netip.Addr{}, Resolvers: resolvers, MaxConnsPerSandbox: f.maxConns,
 	}
 	for _, p := range f.caFiles {
 		b, err := os.ReadFile(p)

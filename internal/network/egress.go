@@ -4,9 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
+	"syscall"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -410,8 +410,9 @@ const ipsDstNAT = 1 << 5
 
 // OriginalDst returns the destination a redirected connection was sent to
 // before the redirect (SO_ORIGINAL_DST from conntrack). For a connection
-// that was not redirected it returns the local address.
-func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
+// that was not redirected it returns the local address. c is a TCP
+// connection (*net.TCPConn or a wrapper that exposes its socket).
+func OriginalDst(c syscall.Conn) (netip.AddrPort, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return netip.AddrPort{}, err

@@ -37,8 +37,10 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/connlimit"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 )
@@ -68,6 +70,10 @@ type Config struct {
 	// (runtime.Nameservers): under an allow list, DNS is open toward
 	// these only.
 	Resolvers []netip.Addr
+	// MaxConnsPerSandbox caps the connections one sandbox holds open
+	// through the proxy (each spliced one costs the daemon two file
+	// descriptors); more are reset. Default 512.
+	MaxConnsPerSandbox int
 	// Forbidden are never dialled (the sandbox pool, typically), in
 	// addition to loopback, link-local and the host's own addresses.
 	Forbidden []netip.Prefix
@@ -129,10 +135,16 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if len(cfg.ExtraRootsPEM) > 0 && !roots.AppendCertsFromPEM(cfg.ExtraRootsPEM) {
 		return nil, fmt.Errorf("proxy: extra roots hold no PEM certificate: %w", errdefs.ErrInvalid)
 	}
-	ln, err := net.Listen("tcp4", cfg.Listen)
+	if cfg.MaxConnsPerSandbox == 0 {
+		cfg.MaxConnsPerSandbox = 512
+	}
+	raw, err := net.Listen("tcp4", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: listen on %s: %w", cfg.Listen, err)
 	}
+	// Sources are sandbox addresses (anti-spoofing holds them to their
+	// veth), so the per-client cap is a per-sandbox cap.
+	ln := connlimit.Listen(raw, cfg.MaxConnsPerSandbox, func(c *net.TCPConn) { reset(c) })
 	s := &Service{
 		cfg: cfg, ca: ca, roots: roots, log: cfg.Logger, ln: ln,
 		port:  uint16(ln.Addr().(*net.TCPAddr).Port),
@@ -294,12 +306,21 @@ func (s *Service) acceptLoop() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		go s.handle(c.(*net.TCPConn))
+		go s.handle(c.(tcpConn))
 	}
 }
 
+// tcpConn is an accepted connection: a *net.TCPConn or the
+// connlimit.Conn wrapping one.
+type tcpConn interface {
+	net.Conn
+	syscall.Conn
+	SetLinger(sec int) error
+	CloseWrite() error
+}
+
 // handle classifies one connection: TLS (first byte 0x16) or plain HTTP.
-func (s *Service) handle(c *net.TCPConn) {
+func (s *Service) handle(c tcpConn) {
 	peer := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	sb := s.bySource(peer)
 	od, err := network.OriginalDst(c)
@@ -326,7 +347,7 @@ func (s *Service) handle(c *net.TCPConn) {
 }
 
 // reset closes c with a TCP RST, so the client fails at once.
-func reset(c *net.TCPConn) {
+func reset(c tcpConn) {
 	_ = c.SetLinger(0)
 	_ = c.Close()
 }

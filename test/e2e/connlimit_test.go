@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -259,4 +260,41 @@ func (r *slowReader) Read(p []byte) (int, error) {
 	r.chunks--
 	p[0] = 'x'
 	return 1, nil
+}
+
+// TestEgressConnCap: a sandbox cannot exhaust the daemon's file
+// descriptors through the egress proxy either: it holds at most
+// --egress-max-conns-per-sandbox connections through it at once, and more
+// are reset; once it lets go, it is served again.
+func TestEgressConnCap(t *testing.T) {
+	const perSandbox, tries = 8, 40
+	in := newInternet(t)
+	d := startDaemonArgs(t, "gvisor", "", "--egress-max-conns-per-sandbox", fmt.Sprint(perSandbox),
+		"--egress-resolve", "allowed.test="+in.addr(0))
+	sn := readySnapshot(t, d.Client, "egcap", testImage(t))
+	sb := newSandbox(t, d.Client, sn.ID, func(r *protocol.CreateSandboxRequest) {
+		r.ProxyConfig = json.RawMessage(`{"access_control":{"allow_list":["allowed.test"]}}`)
+	})
+	pid := d.cmd.Process.Pid
+	base := fdCount(t, pid)
+	// Each nc holds a redirected connection to the proxy, sending nothing
+	// for 3 s.
+	mustRun(t, d.Client, sb.Name, fmt.Sprintf("for i in $(seq %d); do (sleep 3 | nc %s 80 >/dev/null 2>&1 &); done; sleep 1", tries, in.addr(0)))
+	grown := fdCount(t, pid) - base
+	t.Logf("%d held connections from one sandbox: daemon fds %d → %d (cap %d)", tries, base, base+grown, perSandbox)
+	if grown > perSandbox+4 || grown < perSandbox/2 {
+		t.Fatalf("daemon fds grew by %d for %d held connections, want about the cap %d", grown, tries, perSandbox)
+	}
+	request := fmt.Sprintf(`printf 'GET / HTTP/1.0\r\nHost: allowed.test\r\n\r\n' | nc -w 5 %s 80`, in.addr(0))
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		out, _, _ := run(t, d.Client, sb.Name, request)
+		if strings.Contains(out, "host=allowed.test") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox not served after its held connections ended: %q", out)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
