@@ -97,10 +97,10 @@ func (s *Service) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	question := q.Question[0]
 	name := normHost(question.Name)
 	ev := Event{Time: time.Now().UTC(), Kind: "dns", Host: name, Type: dns.TypeToString[question.Qtype]}
+	defer func() { sb.dns.add(ev, false) }()
 	v := sb.policy.Load().CheckHost(name)
 	ev.Allowed, ev.Reason = v.Allowed, v.Reason
 	if !v.Allowed {
-		sb.dns.add(ev, false)
 		s.writeDNS(w, new(dns.Msg).SetRcode(q, dns.RcodeNameError))
 		return
 	}
@@ -109,7 +109,6 @@ func (s *Service) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		if question.Qtype == dns.TypeA && question.Qclass == dns.ClassINET {
 			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: question.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 60}, A: a.AsSlice()})
 		}
-		sb.dns.add(ev, false)
 		s.writeDNS(w, m)
 		return
 	}
@@ -118,18 +117,14 @@ func (s *Service) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 		defer func() { <-sb.dnsSlots }()
 	default:
 		ev.Allowed, ev.Reason = false, fmt.Sprintf("more than %d queries in flight", dnsInflight)
-		sb.dns.add(ev, false)
 		s.writeDNS(w, new(dns.Msg).SetRcode(q, dns.RcodeServerFailure))
 		return
 	}
 	resp, err := s.forwardDNS(w.LocalAddr().Network(), q)
 	if err != nil {
 		ev.Allowed, ev.Reason = false, err.Error()
-		sb.dns.add(ev, false)
-		s.writeDNS(w, new(dns.Msg).SetRcode(q, dns.RcodeServerFailure))
-		return
+		resp = new(dns.Msg).SetRcode(q, dns.RcodeServerFailure)
 	}
-	sb.dns.add(ev, false)
 	s.writeDNS(w, resp)
 }
 
