@@ -67,8 +67,9 @@ type Config struct {
 	// Secrets resolves workspace_secret header values.
 	Secrets SecretSource
 	// DNSListen is the resolver's address, UDP and TCP (default
-	// "0.0.0.0:0": a free port; only redirected sandbox flows are
-	// admitted to it, and it refuses any other source).
+	// "0.0.0.0:0": a free port; sandboxes reach it only through the
+	// redirect of their port 53, and it refuses any source that is not an
+	// attached sandbox).
 	DNSListen string
 	// Upstreams are the resolvers (host:port) the daemon's resolver
 	// forwards allowed queries to: the host's.
