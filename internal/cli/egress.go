@@ -2,13 +2,17 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/miekg/dns"
 	"github.com/spf13/pflag"
 
 	"github.com/cubicle-dev/cubicle/internal/network"
@@ -18,9 +22,10 @@ import (
 
 // egressFlags configure the egress proxy (proxy_config enforcement).
 type egressFlags struct {
-	listen  string
-	caFiles []string
-	resolve []string
+	listen   string
+	caFiles  []string
+	resolve  []string
+	maxConns int
 }
 
 func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
@@ -28,20 +33,28 @@ func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
 		"address of the transparent egress proxy; sandboxes reach it only through the redirect of their TCP 80/443 (port 0: any free port)")
 	fl.StringSliceVar(&f.caFiles, "egress-ca-file", nil,
 		"PEM file of extra CA certificates the egress proxy trusts for upstream TLS, besides the host's (repeatable)")
+	fl.IntVar(&f.maxConns, "egress-max-conns-per-sandbox", 512,
+		"connections one sandbox may hold open through the egress proxy at once (more are reset)")
 	fl.StringSliceVar(&f.resolve, "egress-resolve", nil,
 		"NAME=IPv4: resolve NAME to IPv4 in the egress proxy instead of DNS (repeatable; for tests and split-horizon setups)")
 }
 
 // newEgress starts the egress proxy and opens the workspace secrets vault.
-func newEgress(ctx context.Context, f egressFlags, dataDir string, netmgr *network.Manager, box *secrets.Box, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
+// The daemon's resolver for proxied sandboxes forwards to hostResolv's
+// nameservers.
+func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, netmgr *network.Manager, box *secrets.Box, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
 	vault, err := secrets.OpenVault(box, filepath.Join(dataDir, "workspace-secrets.json"))
+	if err != nil {
+		return nil, nil, err
+	}
+	upstreams, err := upstreamResolvers(hostResolv)
 	if err != nil {
 		return nil, nil, err
 	}
 	cfg := proxy.Config{
 		Network: netmgr, CADir: filepath.Join(dataDir, "ca"), Listen: f.listen,
 		Secrets: vault, Forbidden: []netip.Prefix{netmgr.Pool()}, Logger: log,
-		Resolve: map[string]netip.Addr{},
+		Resolve: map[string]netip.Addr{}, Upstreams: upstreams, MaxConnsPerSandbox: f.maxConns,
 	}
 	for _, p := range f.caFiles {
 		b, err := os.ReadFile(p)
@@ -64,4 +77,24 @@ func newEgress(ctx context.Context, f egressFlags, dataDir string, netmgr *netwo
 		return nil, nil, err
 	}
 	return svc, vault, nil
+}
+
+// upstreamResolvers are the host:port resolvers of resolv.conf at path,
+// loopback ones included (the daemon runs in the host's namespace), or the
+// public ones the runtimes fall back to when it names none.
+func upstreamResolvers(path string) ([]string, error) {
+	cc, err := dns.ClientConfigFromFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	var out []string
+	if cc != nil {
+		for _, s := range cc.Servers {
+			out = append(out, net.JoinHostPort(s, cc.Port))
+		}
+	}
+	if len(out) == 0 {
+		out = []string{"1.1.1.1:53", "8.8.8.8:53"}
+	}
+	return out, nil
 }

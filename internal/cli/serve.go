@@ -42,10 +42,13 @@ type serveFlags struct {
 	reapInterval       time.Duration
 	ttlGranularity     time.Duration
 	egress             egressFlags
+	hostResolv         string
+	conns              api.ConnLimits
 }
 
 func newServeCmd() *cobra.Command {
 	var f serveFlags
+	f.conns = api.DefaultConnLimits()
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the Cubicle daemon (API, sandbox manager, image store)",
@@ -59,6 +62,13 @@ func newServeCmd() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to serve the API on")
 	addEgressFlags(fl, &f.egress)
+	fl.StringVar(&f.hostResolv, "host-resolv-conf", "/etc/resolv.conf",
+		"resolv.conf whose non-loopback nameservers sandboxes name, and whose nameservers the daemon's resolver for sandboxes with a proxy_config forwards to")
+	fl.DurationVar(&f.conns.HeaderTimeout, "http-header-timeout", f.conns.HeaderTimeout,
+		"time a client has to send a request's headers once the server waits for them (closes silent and slow-loris connections)")
+	fl.DurationVar(&f.conns.IdleTimeout, "http-idle-timeout", f.conns.IdleTimeout, "how long a keep-alive connection may sit between requests")
+	fl.IntVar(&f.conns.MaxConnsPerClient, "max-conns-per-client", f.conns.MaxConnsPerClient,
+		"open connections allowed per client IPv4 address or IPv6 /64 (more get a 503); 0: no cap. Behind a reverse proxy every client shares its address")
 	fl.StringVar(&f.dataDir, "data-dir", "/var/lib/cubicle", "directory for state, images and sandbox filesystems")
 	fl.StringVar(&f.publicURL, "public-url", "", "externally reachable base URL (default http://<listen>)")
 	fl.StringVar(&f.runtime, "runtime", "gvisor", "sandbox runtime: gvisor or namespace")
@@ -135,7 +145,7 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	registries := registry.New(st, box)
-	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, netmgr, box, log)
+	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, log)
 	if err != nil {
 		return err
 	}
@@ -161,11 +171,16 @@ func serve(ctx context.Context, f serveFlags) error {
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw))
 	handler.EnableRegistries(registries)
 	handler.EnableEgress(vault, egress)
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 30 * time.Second}
+	// No RLIMIT_NOFILE code here: the Go runtime already raises the soft
+	// limit to the hard one (less one) at start and restores the original
+	// for the children it execs (runsc, sandboxes); e2e TestConnLimits
+	// checks it. The per-client cap is what bounds one caller's share.
+	srv := api.NewHTTPServer(handler, f.conns, log)
 	go mgr.RunReaper(ctx)
-	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir)
+	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir,
+		"max_conns_per_client", f.conns.MaxConnsPerClient)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(api.LimitListener(ln, f.conns.MaxConnsPerClient, log)) }()
 	select {
 	case err := <-errc:
 		return err
@@ -188,9 +203,9 @@ func newDriver(f serveFlags) (runtime.Driver, error) {
 		if err != nil {
 			return nil, err
 		}
-		return gvisor.New(runsc, stateDir)
+		return gvisor.New(runsc, stateDir, gvisor.WithHostResolvConf(f.hostResolv))
 	case "namespace":
-		return namespace.New(stateDir)
+		return namespace.New(stateDir, namespace.WithHostResolvConf(f.hostResolv))
 	default:
 		return nil, fmt.Errorf("unknown --runtime %q (want gvisor or namespace)", f.runtime)
 	}

@@ -4,9 +4,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
+	"syscall"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -21,16 +21,21 @@ import (
 //
 //	map egress  { type ipv4_addr : verdict }              # SandboxIP → jump eg-<HostIf>
 //	map proxy   { type ipv4_addr : inet_service }         # SandboxIP → proxy port
-//	set proxied { type ipv4_addr . inet_service }         # SandboxIP . proxy port
+//	map dns     { type ipv4_addr : inet_service }         # SandboxIP → resolver port
+//	set proxied { type ipv4_addr . inet_service }         # SandboxIP . proxy or resolver port (TCP)
+//	set proxied_udp { type ipv4_addr . inet_service }     # SandboxIP . resolver port (UDP)
 //	chain prenat { type nat hook prerouting priority dstnat;
 //	  iifname "cb*" meta nfproto ipv4 tcp dport 80  redirect to ip saddr map @proxy
 //	  iifname "cb*" meta nfproto ipv4 tcp dport 443 redirect to ip saddr map @proxy
+//	  iifname "cb*" meta nfproto ipv4 udp dport 53  redirect to ip saddr map @dns
+//	  iifname "cb*" meta nfproto ipv4 tcp dport 53  redirect to ip saddr map @dns
 //	}
-//	input:   iifname "cb*" ct status dnat ip saddr . tcp dport @proxied accept  (before the drop)
-//	forward: iifname "cb*" ip saddr vmap @egress                               (before the final accept)
+//	input:   iifname "cb*" ct status dnat ip saddr . tcp dport @proxied accept      (before the drop)
+//	         iifname "cb*" ct status dnat ip saddr . udp dport @proxied_udp accept
+//	forward: iifname "cb*" ip saddr vmap @egress                                   (before the final accept)
 //	chain eg-<HostIf> {                       # one per sandbox with a list
 //	  set eg-<HostIf> { type ipv4_addr; flags interval }   # the list's IPs and CIDRs
-//	  allow: udp/tcp dport 53 accept; ip daddr @set accept; tcp → reject with tcp reset; else reject admin-prohibited
+//	  allow: ip daddr @set accept; tcp → reject with tcp reset; else reject admin-prohibited
 //	  deny:  ip daddr @set tcp → reject with tcp reset; ip daddr @set reject admin-prohibited
 //	}
 //
@@ -38,14 +43,19 @@ import (
 // packet came in on (HostIP), so the proxy sees the sandbox by its source
 // address and learns the real destination from conntrack (SO_ORIGINAL_DST).
 // The input exception admits exactly the redirected flows of a proxied
-// sandbox to its proxy port: a sandbox dialling HostIP:port itself has no
-// dnat status and is still dropped. Replacing one sandbox's list is a single
-// transaction (flush chain and set, refill), so a PATCH never opens a gap.
+// sandbox to its proxy and resolver ports: a sandbox dialling HostIP:port
+// itself has no dnat status and is still dropped. A sandbox with a resolver
+// port has all its port-53 traffic, whatever the address, answered by the
+// daemon: none of it is forwarded, so port 53 is no channel out. Replacing
+// one sandbox's list is a single transaction (flush chain and set, refill),
+// so a PATCH never opens a gap.
 const (
-	mapEgress   = "egress"
-	mapProxy    = "proxy"
-	setProxied  = "proxied"
-	chainPreNAT = "prenat"
+	mapEgress     = "egress"
+	mapProxy      = "proxy"
+	mapDNS        = "dns"
+	setProxied    = "proxied"
+	setProxiedUDP = "proxied_udp"
+	chainPreNAT   = "prenat"
 )
 
 // EgressMode selects how EgressPolicy.Nets is read.
@@ -54,7 +64,7 @@ type EgressMode int
 // Egress modes (see the proxy's access_control).
 const (
 	EgressOpen  EgressMode = iota // no list: everything not otherwise forbidden passes
-	EgressAllow                   // only Nets (and DNS) pass; other raw IP traffic is rejected
+	EgressAllow                   // only Nets pass; other raw IP traffic is rejected
 	EgressDeny                    // Nets are rejected
 )
 
@@ -67,6 +77,12 @@ type EgressPolicy struct {
 	// ProxyPort, when non-zero, redirects the sandbox's TCP 80 and 443 to
 	// this port on HostIP (the daemon's transparent proxy).
 	ProxyPort uint16
+	// DNSPort, when non-zero, redirects the sandbox's UDP and TCP port 53,
+	// to any address, to this port on HostIP (the daemon's resolver, which
+	// applies the name policy). Under an allow list without it, DNS is
+	// rejected like any other traffic outside Nets: port 53 of an
+	// arbitrary host would be a channel around the list.
+	DNSPort uint16
 }
 
 // SetEgress installs (or replaces) id's egress policy. The endpoint must
@@ -146,42 +162,55 @@ func inetTable() *nftables.Table {
 	return &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
 }
 
-// egressSets are the shared maps and sets of the inet table.
+// egressSets are the shared maps and sets of the inet table: first the
+// maps keyed by address alone, then the sets keyed by address . port.
 func egressSets(t *nftables.Table) []*nftables.Set {
 	return []*nftables.Set{
 		{Table: t, Name: mapEgress, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict, IsMap: true},
 		{Table: t, Name: mapProxy, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeInetService, IsMap: true},
+		{Table: t, Name: mapDNS, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeInetService, IsMap: true},
 		{Table: t, Name: setProxied, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService), Concatenation: true},
+		{Table: t, Name: setProxiedUDP, KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService), Concatenation: true},
 	}
 }
 
 // egressRules are the generic egress rules, returned per chain so
 // installRules can put each at its place in the same transaction: redirects
-// for the nat prerouting chain, the proxy exception for input (before its
-// drop) and the per-sandbox dispatch for forward (before its final accept).
-func egressRules(conn *nftables.Conn, inet *nftables.Table) (pre [][]expr.Any, in, fwd []expr.Any, err error) {
+// for the nat prerouting chain, the proxy and resolver exceptions for input
+// (before its drop) and the per-sandbox dispatch for forward (before its
+// final accept).
+func egressRules(conn *nftables.Conn, inet *nftables.Table) (pre, in [][]expr.Any, fwd []expr.Any, err error) {
 	sets := egressSets(inet)
 	for _, s := range sets {
 		if err := conn.AddSet(s, nil); err != nil {
 			return nil, nil, nil, fmt.Errorf("declare %s: %w", s.Name, err)
 		}
 	}
-	egress, proxy, proxied := sets[0], sets[1], sets[2]
+	egress, proxy, dns, proxied, proxiedUDP := sets[0], sets[1], sets[2], sets[3], sets[4]
 	fromCB := ifPrefix(expr.MetaKeyIIFNAME, expr.CmpOpEq)
 	ipv4 := nfproto(unix.NFPROTO_IPV4)
-	for _, port := range []uint16{80, 443} {
-		pre = append(pre, slices.Concat(fromCB, ipv4, tcpDport(port), ipField(12), []expr.Any{
-			&expr.Lookup{SourceRegister: reg, SetName: proxy.Name, SetID: proxy.ID, DestRegister: reg, IsDestRegSet: true},
+	redirect := func(match []expr.Any, to *nftables.Set) []expr.Any {
+		return slices.Concat(fromCB, ipv4, match, ipField(12), []expr.Any{
+			&expr.Lookup{SourceRegister: reg, SetName: to.Name, SetID: to.ID, DestRegister: reg, IsDestRegSet: true},
 			&expr.Redir{RegisterProtoMin: reg},
-		}))
+		})
 	}
-	// ip saddr . tcp dport: concatenations use the 4-byte registers
+	pre = [][]expr.Any{
+		redirect(tcpDport(80), proxy),
+		redirect(tcpDport(443), proxy),
+		redirect(slices.Concat(l4proto(unix.IPPROTO_UDP), udpDport(53)), dns),
+		redirect(tcpDport(53), dns),
+	}
+	// ip saddr . th dport: concatenations use the 4-byte registers
 	// NFT_REG32_00 (8) and up, laid out back to back.
-	in = slices.Concat(fromCB, ipv4, ctStatus(ipsDstNAT), l4proto(unix.IPPROTO_TCP), []expr.Any{
-		&expr.Payload{DestRegister: 8, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
-		&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Lookup{SourceRegister: 8, SetName: proxied.Name, SetID: proxied.ID},
-	}, verdict(expr.VerdictAccept))
+	admit := func(proto byte, set *nftables.Set) []expr.Any {
+		return slices.Concat(fromCB, ipv4, ctStatus(ipsDstNAT), l4proto(proto), []expr.Any{
+			&expr.Payload{DestRegister: 8, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Payload{DestRegister: 9, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Lookup{SourceRegister: 8, SetName: set.Name, SetID: set.ID},
+		}, verdict(expr.VerdictAccept))
+	}
+	in = [][]expr.Any{admit(unix.IPPROTO_TCP, proxied), admit(unix.IPPROTO_UDP, proxiedUDP)}
 	fwd = slices.Concat(fromCB, ipv4, ipField(12), []expr.Any{
 		&expr.Lookup{SourceRegister: reg, SetName: egress.Name, SetID: egress.ID, DestRegister: 0, IsDestRegSet: true},
 	})
@@ -197,7 +226,7 @@ func installEgress(ep *Endpoint, p EgressPolicy) error {
 	}
 	t := inetTable()
 	sets := egressSets(t)
-	egress, proxy, proxied := sets[0], sets[1], sets[2]
+	egress, proxy, dns, proxied, proxiedUDP := sets[0], sets[1], sets[2], sets[3], sets[4]
 	name := egressChain(ep.HostIf)
 	c := conn.AddChain(&nftables.Chain{Table: t, Name: name})
 	conn.FlushChain(c)
@@ -225,9 +254,6 @@ func installEgress(ep *Endpoint, p EgressPolicy) error {
 	prohibited := []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}}
 	switch p.Mode {
 	case EgressAllow:
-		// DNS stays open so names resolve; the answers open nothing here.
-		add(l4proto(unix.IPPROTO_UDP), udpDport(53), verdict(expr.VerdictAccept))
-		add(tcp, tcpDport(53), verdict(expr.VerdictAccept))
 		add(inNets, verdict(expr.VerdictAccept))
 		add(tcp, counter, tcpReset)
 		add(counter, prohibited)
@@ -239,14 +265,28 @@ func installEgress(ep *Endpoint, p EgressPolicy) error {
 	if err := conn.SetAddElements(egress, []nftables.SetElement{{Key: ip[:], VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: name}}}); err != nil {
 		return fmt.Errorf("map %s: %w", mapEgress, err)
 	}
-	if p.ProxyPort != 0 {
-		port := binaryutil.BigEndian.PutUint16(p.ProxyPort)
-		if err := conn.SetAddElements(proxy, []nftables.SetElement{{Key: ip[:], Val: port}}); err != nil {
-			return fmt.Errorf("map %s: %w", mapProxy, err)
+	// A redirect is a map element (address → port) and the input
+	// exception for its redirected flows (address . port, per protocol).
+	redirect := func(port uint16, to *nftables.Set, admit ...*nftables.Set) error {
+		if port == 0 {
+			return nil
 		}
-		if err := conn.SetAddElements(proxied, []nftables.SetElement{{Key: slices.Concat(ip[:], port, []byte{0, 0})}}); err != nil {
-			return fmt.Errorf("set %s: %w", setProxied, err)
+		p := binaryutil.BigEndian.PutUint16(port)
+		if err := conn.SetAddElements(to, []nftables.SetElement{{Key: ip[:], Val: p}}); err != nil {
+			return fmt.Errorf("map %s: %w", to.Name, err)
 		}
+		for _, s := range admit {
+			if err := conn.SetAddElements(s, []nftables.SetElement{{Key: slices.Concat(ip[:], p, []byte{0, 0})}}); err != nil {
+				return fmt.Errorf("set %s: %w", s.Name, err)
+			}
+		}
+		return nil
+	}
+	if err := redirect(p.ProxyPort, proxy, proxied); err != nil {
+		return err
+	}
+	if err := redirect(p.DNSPort, dns, proxied, proxiedUDP); err != nil {
+		return err
 	}
 	if err := conn.Flush(); err != nil {
 		return fmt.Errorf("commit egress of %s: %w", ep.HostIf, err)
@@ -267,17 +307,21 @@ func clearEgressElems(ep *Endpoint) {
 	t := inetTable()
 	sets := egressSets(t)
 	ip := ep.SandboxIP.As4()
-	for _, s := range sets[:2] {
+	for _, s := range sets[:3] {
 		if err := conn.SetDeleteElements(s, []nftables.SetElement{{Key: ip[:]}}); err == nil {
 			_ = conn.Flush()
 		}
 	}
-	// The proxied set is keyed by address and port: drop every element of
-	// this address whatever port an earlier daemon used.
-	if elems, err := conn.GetSetElements(sets[2]); err == nil {
+	// The address . port sets: drop every element of this address
+	// whatever port an earlier daemon used.
+	for _, s := range sets[3:] {
+		elems, err := conn.GetSetElements(s)
+		if err != nil {
+			continue
+		}
 		for _, e := range elems {
 			if len(e.Key) >= 4 && [4]byte(e.Key[:4]) == ip {
-				if err := conn.SetDeleteElements(sets[2], []nftables.SetElement{{Key: e.Key}}); err == nil {
+				if err := conn.SetDeleteElements(s, []nftables.SetElement{{Key: e.Key}}); err == nil {
 					_ = conn.Flush()
 				}
 			}
@@ -396,8 +440,9 @@ const ipsDstNAT = 1 << 5
 
 // OriginalDst returns the destination a redirected connection was sent to
 // before the redirect (SO_ORIGINAL_DST from conntrack). For a connection
-// that was not redirected it returns the local address.
-func OriginalDst(c *net.TCPConn) (netip.AddrPort, error) {
+// that was not redirected it returns the local address. c is a TCP
+// connection (*net.TCPConn or a wrapper that exposes its socket).
+func OriginalDst(c syscall.Conn) (netip.AddrPort, error) {
 	rc, err := c.SyscallConn()
 	if err != nil {
 		return netip.AddrPort{}, err

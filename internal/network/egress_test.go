@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,6 +81,47 @@ func TestEgressPolicy(t *testing.T) {
 		mustReach(t, ep.NetNS, first)
 		refusedFast(t, ep.NetNS, other)
 	})
+	t.Run("allow: port 53 goes to the daemon's resolver or nowhere", func(t *testing.T) {
+		// Both outside addresses serve port 53 (TCP and UDP), as any host
+		// on the internet may.
+		listenIn(t, out.ns, "0.0.0.0:53")
+		outsideUDP := udpEchoIn(t, out.ns, "0.0.0.0:53")
+		toOutside := []string{netip.AddrPortFrom(out.ip, 53).String(), netip.AddrPortFrom(second, 53).String()}
+
+		// Without a resolver port, DNS is outside the list like the rest.
+		must(t, m.SetEgress(id, EgressPolicy{Mode: EgressAllow}))
+		for _, dst := range toOutside {
+			refusedFast(t, ep.NetNS, dst)
+			if reply, err := udpRoundTrip(t, ep.NetNS, dst); err == nil {
+				t.Fatalf("UDP to %s answered %q", dst, reply)
+			}
+		}
+
+		// With one, every port-53 flow, whatever its address, ends at the
+		// daemon's resolver port on the host.
+		udpPort, tcpPort := hostResolver(t)
+		if udpPort != tcpPort {
+			t.Fatalf("resolver ports %d/%d differ", udpPort, tcpPort)
+		}
+		must(t, m.SetEgress(id, EgressPolicy{Mode: EgressAllow, DNSPort: udpPort}))
+		for _, dst := range toOutside {
+			if got := mustReach(t, ep.NetNS, dst); got != "resolver "+ep.SandboxIP.String() {
+				t.Fatalf("TCP to %s reached %q, want the daemon's resolver", dst, got)
+			}
+			reply, err := udpRoundTrip(t, ep.NetNS, dst)
+			if err != nil || reply != "resolver ping" {
+				t.Fatalf("UDP to %s: %q, %v; want the daemon's resolver", dst, reply, err)
+			}
+		}
+		if n := outsideUDP.Load(); n != 0 {
+			t.Fatalf("%d datagrams reached port 53 outside", n)
+		}
+		// The resolver port itself is not reachable directly.
+		mustNotReach(t, ep.NetNS, netip.AddrPortFrom(ep.HostIP, udpPort).String(), "resolver port dialled directly")
+		if reply, err := udpRoundTrip(t, ep.NetNS, netip.AddrPortFrom(ep.HostIP, udpPort).String()); err == nil {
+			t.Fatalf("resolver port reached directly over UDP: %q", reply)
+		}
+	})
 	t.Run("open", func(t *testing.T) {
 		must(t, m.SetEgress(id, EgressPolicy{}))
 		mustReach(t, ep.NetNS, other)
@@ -151,6 +193,84 @@ func TestEgressPolicy(t *testing.T) {
 	if n, _ := m.EgressRejected(id); n != 0 {
 		t.Fatalf("counter survives teardown: %d", n)
 	}
+}
+
+// udpEchoIn serves UDP echo on addr inside nsPath and counts the
+// datagrams it receives.
+func udpEchoIn(t *testing.T, nsPath, addr string) *atomic.Int64 {
+	t.Helper()
+	var pc net.PacketConn
+	var err error
+	inNS(t, nsPath, func() { pc, err = net.ListenPacket("udp4", addr) })
+	if err != nil {
+		t.Fatalf("listen udp in %s on %s: %v", nsPath, addr, err)
+	}
+	var n atomic.Int64
+	serveUDP(t, pc, "", &n)
+	return &n
+}
+
+// serveUDP answers each datagram on pc with prefix and its payload.
+func serveUDP(t *testing.T, pc net.PacketConn, prefix string, n *atomic.Int64) {
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			k, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			_, _ = pc.WriteTo(append([]byte(prefix), buf[:k]...), from)
+		}
+	}()
+}
+
+// hostResolver plays the daemon's resolver: UDP and TCP on one port of
+// the host, answering "resolver ..." (UDP: the payload; TCP: the peer).
+func hostResolver(t *testing.T) (udpPort, tcpPort uint16) {
+	t.Helper()
+	pc, err := net.ListenPacket("udp4", "0.0.0.0:0")
+	must(t, err)
+	var n atomic.Int64
+	serveUDP(t, pc, "resolver ", &n)
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	ln, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
+	must(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "resolver %s\n", c.RemoteAddr().(*net.TCPAddr).IP)
+			c.Close()
+		}
+	}()
+	return uint16(port), uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+// udpRoundTrip sends "ping" to addr from nsPath and waits briefly for an
+// answer.
+func udpRoundTrip(t *testing.T, nsPath, addr string) (string, error) {
+	var c net.Conn
+	var err error
+	inNS(t, nsPath, func() { c, err = net.Dial("udp4", addr) })
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return "", err
+	}
+	_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+	buf := make([]byte, 64)
+	k, err := c.Read(buf)
+	if err != nil {
+		return "", err
+	}
+	return string(buf[:k]), nil
 }
 
 func TestIntervalElems(t *testing.T) {

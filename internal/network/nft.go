@@ -129,7 +129,9 @@ func installRules(pool netip.Prefix) error {
 
 	in := chain(inet, "input", nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter)
 	add(in, fromCB, established, verdict(expr.VerdictAccept))
-	add(in, egIn)
+	for _, r := range egIn {
+		add(in, r)
+	}
 	add(in, fromCB, verdict(expr.VerdictDrop))
 
 	fwd := chain(inet, "forward", nftables.ChainTypeFilter, nftables.ChainHookForward, nftables.ChainPriorityFilter)

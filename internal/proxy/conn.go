@@ -124,7 +124,7 @@ func (c *readOnlyConn) Write(p []byte) (int, error) { return 0, io.ErrClosedPipe
 func (s *Service) handleTLS(sb *sandbox, c *bufConn, od netip.AddrPort) {
 	sni, hello, err := peekClientHello(c)
 	if err != nil {
-		reset(c.Conn.(*net.TCPConn))
+		reset(c.Conn.(tcpConn))
 		return
 	}
 	_ = c.SetReadDeadline(time.Time{})
@@ -135,7 +135,7 @@ func (s *Service) handleTLS(sb *sandbox, c *bufConn, od netip.AddrPort) {
 	ev := Event{Time: time.Now().UTC(), Kind: "tls", Host: sni, Dest: od.String(), Allowed: v.Allowed, Reason: v.Reason}
 	if !v.Allowed {
 		s.deny(sb, ev)
-		reset(c.Conn.(*net.TCPConn))
+		reset(c.Conn.(tcpConn))
 		return
 	}
 	if sni != "" && target == sni && pol.Intercepts(sni) {
@@ -154,7 +154,7 @@ func (s *Service) handleTLS(sb *sandbox, c *bufConn, od netip.AddrPort) {
 	if err != nil {
 		ev.Allowed, ev.Reason = false, err.Error()
 		s.deny(sb, ev)
-		reset(c.Conn.(*net.TCPConn))
+		reset(c.Conn.(tcpConn))
 		return
 	}
 	sb.log.add(ev, false)
@@ -171,7 +171,7 @@ func splice(a, b net.Conn) {
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		} else if bc, ok := dst.(*bufConn); ok {
-			if tc, ok := bc.Conn.(*net.TCPConn); ok {
+			if tc, ok := bc.Conn.(tcpConn); ok {
 				_ = tc.CloseWrite()
 			}
 		}

@@ -9,10 +9,12 @@ import (
 type Event struct {
 	Time time.Time `json:"time"`
 	// Kind is http (plain HTTP request), https (request inside an
-	// intercepted TLS connection) or tls (a spliced TLS connection).
+	// intercepted TLS connection), tls (a spliced TLS connection) or dns
+	// (a query to the daemon's resolver; Host is the name).
 	Kind    string `json:"kind"`
 	Host    string `json:"host,omitempty"`
-	Dest    string `json:"dest"` // original destination address:port
+	Type    string `json:"type,omitempty"` // DNS record type, for dns
+	Dest    string `json:"dest"`           // original destination address:port; empty for dns
 	Allowed bool   `json:"allowed"`
 	Reason  string `json:"reason"`
 	// Rules names the header-injection and AWS rules applied (never their values).
@@ -30,6 +32,17 @@ type Report struct {
 	// that does not go through the proxy: other ports, UDP, ICMP).
 	RawIPRejected uint64  `json:"raw_ip_rejected"`
 	Events        []Event `json:"events"`
+	// DNS is the sandbox's name lookups through the daemon's resolver,
+	// kept apart so chatty lookups do not push connections out of Events.
+	DNS DNSLog `json:"dns"`
+}
+
+// DNSLog counts a sandbox's DNS queries (answered or refused) and keeps
+// the most recent, oldest first.
+type DNSLog struct {
+	Allowed uint64  `json:"allowed"`
+	Denied  uint64  `json:"denied"`
+	Queries []Event `json:"queries"`
 }
 
 // maxEvents bounds each sandbox's in-memory event list.

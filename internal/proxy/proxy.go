@@ -37,9 +37,11 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/connlimit"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 )
@@ -70,6 +72,18 @@ type Config struct {
 	Resolve map[string]netip.Addr
 	// Secrets resolves workspace_secret header values.
 	Secrets SecretSource
+	// DNSListen is the resolver's address, UDP and TCP (default
+	// "0.0.0.0:0": a free port; sandboxes reach it only through the
+	// redirect of their port 53, and it refuses any source that is not an
+	// attached sandbox).
+	DNSListen string
+	// Upstreams are the resolvers (host:port) the daemon's resolver
+	// forwards allowed queries to: the host's.
+	Upstreams []string
+	// MaxConnsPerSandbox caps the connections one sandbox holds open
+	// through the proxy (each spliced one costs the daemon two file
+	// descriptors); more are reset. Default 512.
+	MaxConnsPerSandbox int
 	// Forbidden are never dialled (the sandbox pool, typically), in
 	// addition to loopback, link-local and the host's own addresses.
 	Forbidden []netip.Prefix
@@ -86,6 +100,7 @@ type Service struct {
 	port  uint16
 	srv   *http.Server
 	conns *chanListener // connections handed to srv (plain HTTP, intercepted TLS)
+	dns   *resolver
 
 	mu   sync.RWMutex
 	byIP map[netip.Addr]*sandbox
@@ -102,6 +117,8 @@ type sandbox struct {
 	policy        atomic.Pointer[Policy]
 	transport     *http.Transport
 	log           eventLog
+	dns           eventLog      // name lookups through the daemon's resolver
+	dnsSlots      chan struct{} // bounds its forwarded queries in flight
 	// filtered records that packet rules were installed for this sandbox
 	// (by this process), so an open, unproxied policy — the common case —
 	// costs no nftables transaction at boot, and replacing a restrictive
@@ -117,6 +134,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Listen == "" {
 		cfg.Listen = "0.0.0.0:0"
 	}
+	if cfg.DNSListen == "" {
+		cfg.DNSListen = "0.0.0.0:0"
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -131,10 +151,16 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if len(cfg.ExtraRootsPEM) > 0 && !roots.AppendCertsFromPEM(cfg.ExtraRootsPEM) {
 		return nil, fmt.Errorf("proxy: extra roots hold no PEM certificate: %w", errdefs.ErrInvalid)
 	}
-	ln, err := net.Listen("tcp4", cfg.Listen)
+	if cfg.MaxConnsPerSandbox == 0 {
+		cfg.MaxConnsPerSandbox = 512
+	}
+	raw, err := net.Listen("tcp4", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: listen on %s: %w", cfg.Listen, err)
 	}
+	// Sources are sandbox addresses (anti-spoofing holds them to their
+	// veth), so the per-client cap is a per-sandbox cap.
+	ln := connlimit.Listen(raw, cfg.MaxConnsPerSandbox, func(c *net.TCPConn) { reset(c) })
 	s := &Service{
 		cfg: cfg, ca: ca, roots: roots, log: cfg.Logger, ln: ln,
 		port:  uint16(ln.Addr().(*net.TCPAddr).Port),
@@ -149,9 +175,13 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		ConnContext:       connContext,
 		ErrorLog:          slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelDebug),
 	}
+	if s.dns, err = s.startDNS(cfg.DNSListen); err != nil {
+		ln.Close()
+		return nil, err
+	}
 	go s.srv.Serve(s.conns)
 	go s.acceptLoop()
-	s.log.Info("egress proxy listening", "addr", ln.Addr().String())
+	s.log.Info("egress proxy listening", "addr", ln.Addr().String(), "dns_port", s.dns.port, "dns_upstreams", cfg.Upstreams)
 	return s, nil
 }
 
@@ -166,6 +196,7 @@ func (s *Service) CA() *CA { return s.ca }
 func (s *Service) Close() error {
 	err := s.ln.Close()
 	_ = s.srv.Close()
+	s.dns.close()
 	s.mu.Lock()
 	for _, sb := range s.byID {
 		sb.transport.CloseIdleConnections()
@@ -203,7 +234,7 @@ func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.
 	s.mu.Lock()
 	sb := s.byID[id]
 	if sb == nil {
-		sb = &sandbox{id: id, workspace: workspace, ip: ep.SandboxIP}
+		sb = &sandbox{id: id, workspace: workspace, ip: ep.SandboxIP, dnsSlots: make(chan struct{}, dnsInflight)}
 		sb.transport = s.newTransport(sb)
 		s.byID[id] = sb
 	}
@@ -229,7 +260,7 @@ func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.
 		}
 	}
 	if pol.Proxied() {
-		np.ProxyPort = s.port
+		np.ProxyPort, np.DNSPort = s.port, s.dns.port
 	}
 	open := np.Mode == network.EgressOpen && np.ProxyPort == 0
 	s.mu.Lock()
@@ -274,10 +305,12 @@ func (s *Service) Log(id string) Report {
 	sb := s.byID[id]
 	s.mu.RUnlock()
 	if sb == nil {
-		return Report{Mode: ModeOpen.String(), Events: []Event{}}
+		return Report{Mode: ModeOpen.String(), Events: []Event{}, DNS: DNSLog{Queries: []Event{}}}
 	}
 	r := sb.log.report()
 	r.Mode = sb.policy.Load().Mode.String()
+	d := sb.dns.report()
+	r.DNS = DNSLog{Allowed: d.Allowed, Denied: d.Denied, Queries: d.Events}
 	if n, err := s.cfg.Network.EgressRejected(sb.netID); err == nil {
 		r.RawIPRejected = n
 	}
@@ -303,12 +336,21 @@ func (s *Service) acceptLoop() {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
-		go s.handle(c.(*net.TCPConn))
+		go s.handle(c.(tcpConn))
 	}
 }
 
+// tcpConn is an accepted connection: a *net.TCPConn or the
+// connlimit.Conn wrapping one.
+type tcpConn interface {
+	net.Conn
+	syscall.Conn
+	SetLinger(sec int) error
+	CloseWrite() error
+}
+
 // handle classifies one connection: TLS (first byte 0x16) or plain HTTP.
-func (s *Service) handle(c *net.TCPConn) {
+func (s *Service) handle(c tcpConn) {
 	peer := c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap()
 	sb := s.bySource(peer)
 	od, err := network.OriginalDst(c)
@@ -335,7 +377,7 @@ func (s *Service) handle(c *net.TCPConn) {
 }
 
 // reset closes c with a TCP RST, so the client fails at once.
-func reset(c *net.TCPConn) {
+func reset(c tcpConn) {
 	_ = c.SetLinger(0)
 	_ = c.Close()
 }

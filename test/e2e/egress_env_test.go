@@ -66,10 +66,10 @@ func newInternet(t testing.TB) *internet {
 // addr returns the i-th address (0-based) of the namespace.
 func (in *internet) addr(i int) string { return in.addrs[i] }
 
-// listen opens a TCP listener inside the namespace (sockets keep the
+// inNS runs open on a thread inside the namespace (sockets keep the
 // namespace they were created in).
-func (in *internet) listen(t testing.TB, addr string) net.Listener {
-	var ln net.Listener
+func (in *internet) inNS(t testing.TB, what string, open func() error) {
+	t.Helper()
 	var err error
 	done := make(chan struct{})
 	go func() {
@@ -84,14 +84,28 @@ func (in *internet) listen(t testing.TB, addr string) net.Listener {
 		if err = netns.Set(h); err != nil {
 			return
 		}
-		ln, err = net.Listen("tcp4", addr)
+		err = open()
 	}()
 	<-done
 	if err != nil {
-		t.Fatalf("listen in %s on %s: %v", in.ns, addr, err)
+		t.Fatalf("%s in %s: %v", what, in.ns, err)
 	}
+}
+
+// listen opens a TCP listener inside the namespace.
+func (in *internet) listen(t testing.TB, addr string) net.Listener {
+	var ln net.Listener
+	in.inNS(t, "listen on "+addr, func() (err error) { ln, err = net.Listen("tcp4", addr); return err })
 	t.Cleanup(func() { ln.Close() })
 	return ln
+}
+
+// listenPacket opens a UDP socket inside the namespace.
+func (in *internet) listenPacket(t testing.TB, addr string) net.PacketConn {
+	var pc net.PacketConn
+	in.inNS(t, "listen on udp "+addr, func() (err error) { pc, err = net.ListenPacket("udp4", addr); return err })
+	t.Cleanup(func() { pc.Close() })
+	return pc
 }
 
 func (in *internet) serve(t testing.TB) {
