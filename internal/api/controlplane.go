@@ -116,6 +116,9 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	out := make([]protocol.Snapshot, len(list))
 	for i, v := range list {
 		out[i] = s.snapshotJSON(v)
+		// Lists leave run_config out (GET /snapshots/{id} has it), so
+		// their size does not grow with the images' Env.
+		out[i].RunConfig = nil
 	}
 	writeJSON(w, http.StatusOK, protocol.SnapshotList{Snapshots: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))})
 }

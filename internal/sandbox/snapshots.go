@@ -82,7 +82,7 @@ func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *p
 		cred, err = m.pullAuth(ctx, sn.WorkspaceID, sn.RegistryID, sn.DockerImage)
 	}
 	if err == nil {
-		img, err = m.cfg.Images.Resolve(ctx, sn.DockerImage, cred, func(pr image.Progress) {
+		img, err = m.cfg.Images.Resolve(ctx, sn.WorkspaceID, sn.DockerImage, cred, func(pr image.Progress) {
 			bp.total.Store(pr.Total)
 			bp.done.Store(pr.Complete)
 		})
@@ -98,6 +98,13 @@ func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *p
 	if err := m.cfg.Store.UpdateSnapshot(ctx, sn); err != nil {
 		m.log.Error("record snapshot build result", "snapshot", sn.ID, "err", err)
 	}
+}
+
+// LayersInUse lists the layer directories that snapshots of every
+// workspace stack (and so every sandbox, each booted from one): the image
+// store's GC must keep them even when no image names them any more.
+func (m *Manager) LayersInUse(ctx context.Context) ([]string, error) {
+	return m.cfg.Store.LayersInUse(ctx)
 }
 
 // pullAuth returns the credentials of registry id for pulling ref.
