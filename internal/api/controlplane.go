@@ -137,6 +137,11 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
+	// The snapshot may have been the last user of layers whose image is
+	// gone; freeing them is best effort and never fails the delete.
+	if _, err := s.collectImages(r.Context()); err != nil {
+		s.log.Warn("image gc after snapshot delete", "err", err)
+	}
 	w.WriteHeader(http.StatusNoContent)
 }
 

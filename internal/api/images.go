@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 
@@ -84,15 +85,20 @@ func (s *Server) removeImage(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	inUse, err := s.mgr.LayersInUse(r.Context())
-	if err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	res, err := s.images.GC(r.Context(), inUse)
+	res, err := s.collectImages(r.Context())
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"removed": ref, "freed_images": res.Images, "freed_layers": res.Layers, "freed_bytes": res.Bytes})
+}
+
+// collectImages frees image records and layers that no workspace's name
+// and no snapshot use.
+func (s *Server) collectImages(ctx context.Context) (image.GCResult, error) {
+	inUse, err := s.mgr.LayersInUse(ctx)
+	if err != nil {
+		return image.GCResult{}, err
+	}
+	return s.images.GC(ctx, inUse)
 }

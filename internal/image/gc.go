@@ -20,12 +20,10 @@ type GCResult struct {
 // GC deletes image records that no workspace names, the manifests and
 // configs only they used, and layer directories that no remaining image
 // uses and that are not in inUse (absolute layer paths that snapshots, and
-// so sandboxes, stack). It waits for running ingests and holds new ones
-// off, so it never deletes a layer an ingest has found but not recorded.
+// so sandboxes, stack). It does not wait for running pulls: layers they
+// use are pinned and left for a later GC.
 func (s *Store) GC(ctx context.Context, inUse []string) (GCResult, error) {
 	var res GCResult
-	s.gc.Lock()
-	defer s.gc.Unlock()
 	s.index.Lock()
 	defer s.index.Unlock()
 
@@ -95,20 +93,41 @@ func (s *Store) GC(ctx context.Context, inUse []string) (GCResult, error) {
 		if liveLayers[dir] {
 			continue
 		}
-		if err := ctx.Err(); err != nil {
+		size, freed, err := s.collectLayer(ctx, "sha256:"+de.Name())
+		if err != nil {
 			return res, err
 		}
-		size, _ := s.haveLayer(dir)
-		if err := s.removeLayer(dir); err != nil {
-			return res, err
+		if freed {
+			res.Layers++
+			res.Bytes += size
 		}
-		res.Layers++
-		res.Bytes += size
 	}
 	if res.Images > 0 || res.Layers > 0 {
 		s.log.Info("image gc", "images", res.Images, "layers", res.Layers, "bytes", res.Bytes)
 	}
 	return res, nil
+}
+
+// collectLayer deletes the layer diffID unless an ingest has it pinned,
+// holding its unpack lock so no ingest can find it meanwhile.
+func (s *Store) collectLayer(ctx context.Context, diffID string) (int64, bool, error) {
+	dir, err := s.layerDir(diffID)
+	if err != nil {
+		return 0, false, nil // not a layer directory
+	}
+	unlock, err := s.lockLayer(ctx, diffID)
+	if err != nil {
+		return 0, false, err
+	}
+	defer unlock()
+	if s.pinned(diffID) {
+		return 0, false, nil
+	}
+	size, _ := s.haveLayer(dir)
+	if err := s.removeLayer(dir); err != nil {
+		return 0, false, err
+	}
+	return size, true, nil
 }
 
 // removeLayer unpublishes a layer directory with one rename (readers see

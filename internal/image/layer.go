@@ -148,13 +148,16 @@ func (s *Store) ingest(ctx context.Context, src *source, t ingestTarget, progres
 		track.report(0)
 	}
 
-	s.gc.RLock()
-	defer s.gc.RUnlock()
+	diffIDs := make([]string, len(layers))
+	for i, d := range cfg.RootFS.DiffIDs {
+		diffIDs[i] = d.String()
+	}
+	defer s.pin(diffIDs)()
 	sizes := make([]int64, len(layers))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(unpackJobs)
 	for i, l := range layers {
-		diffID := cfg.RootFS.DiffIDs[i].String()
+		diffID := diffIDs[i]
 		g.Go(func() error {
 			n, err := s.ensureLayer(gctx, layerJob{l: l, diffID: diffID, fromRegistry: t.fromRegistry, held: held[diffID], track: track, budget: b})
 			if err != nil {
@@ -173,10 +176,9 @@ func (s *Store) ingest(ctx context.Context, src *source, t ingestTarget, progres
 			return nil, fmt.Errorf("synthesise manifest: %w", err)
 		}
 	}
-	rec := &record{Digest: digest, Config: src.configName, Run: run}
-	for i, d := range cfg.RootFS.DiffIDs {
-		rec.DiffIDs = append(rec.DiffIDs, d.String())
-		rec.Size += sizes[i]
+	rec := &record{Digest: digest, Config: src.configName, Run: run, DiffIDs: diffIDs}
+	for _, n := range sizes {
+		rec.Size += n
 	}
 	if err := s.putBlob(rec.Digest, src.manifest); err != nil {
 		return nil, fmt.Errorf("store manifest: %w", err)
@@ -427,6 +429,11 @@ func (s *Store) haveLayer(dir string) (int64, bool) {
 	return m.Size, true
 }
 
+// maxZstdWindow bounds the history a zstd layer may make the decoder keep
+// in memory (the library's default is 512 MiB, chosen by the frame). zstd
+// levels up to 19 use at most 8 MiB; --long=27 uses 128 MiB.
+const maxZstdWindow = 128 << 20
+
 var (
 	gzipMagic = []byte{0x1f, 0x8b}
 	zstdMagic = []byte{0x28, 0xb5, 0x2f, 0xfd}
@@ -448,7 +455,7 @@ func decompress(r io.Reader) (io.ReadCloser, error) {
 		}
 		return zr, nil
 	case bytes.HasPrefix(head, zstdMagic):
-		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1))
+		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(maxZstdWindow))
 		if err != nil {
 			return nil, fmt.Errorf("zstd: %w", err)
 		}

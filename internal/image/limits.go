@@ -126,18 +126,6 @@ func (c *capReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// readAtMost reads all of r, failing with ErrInvalid past max bytes.
-func readAtMost(r io.Reader, max int64, what string) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, max+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(b)) > max {
-		return nil, tooBig(what, max)
-	}
-	return b, nil
-}
-
 func tooBig(what string, max int64) error {
 	return fmt.Errorf("%s is larger than %s, the cap: %w", what, humanize.IBytes(uint64(max)), errdefs.ErrInvalid)
 }

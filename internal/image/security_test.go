@@ -1,8 +1,10 @@
 package image
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -252,5 +254,85 @@ func TestGCFreesUnreferencedLayers(t *testing.T) {
 	}
 	if n, _ := s.Usage(ctx, wsA); n != 0 {
 		t.Errorf("Usage after rm = %d, want 0", n)
+	}
+}
+
+// TestGCSkipsPinnedLayers: a layer an ingest is using (pinned) survives GC
+// even though no image names it yet.
+func TestGCSkipsPinnedLayers(t *testing.T) {
+	requireRoot(t)
+	host := imagetest.StartRegistry(t)
+	ctx := context.Background()
+	s := newStore(t)
+	img, err := s.Resolve(ctx, wsA, imagetest.Push(t, host, "gc/pin:1", imagetest.Image(t, v1.Config{}, imagetest.Layer(t, imagetest.File("p", 0o644, "p")))), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove(ctx, wsA, img.Ref); err != nil {
+		t.Fatal(err)
+	}
+	diffID := "sha256:" + filepath.Base(img.Layers[0])
+	unpin := s.pin([]string{diffID})
+	if res, err := s.GC(ctx, nil); err != nil || res.Layers != 0 {
+		t.Fatalf("GC with the layer pinned = %+v, %v; want it kept", res, err)
+	}
+	unpin()
+	if res, err := s.GC(ctx, nil); err != nil || res.Layers != 1 {
+		t.Fatalf("GC after unpin = %+v, %v; want the layer freed", res, err)
+	}
+}
+
+// TestLegacyRefsGoToDefaultWorkspace: names written before they were per
+// workspace belong to the default workspace after an upgrade, and to no
+// other.
+func TestLegacyRefsGoToDefaultWorkspace(t *testing.T) {
+	requireRoot(t)
+	host := imagetest.StartRegistry(t)
+	ctx := context.Background()
+	s := newStore(t)
+	img, err := s.Resolve(ctx, legacyWorkspace, imagetest.Push(t, host, "old/img:1", overlayStack(t)), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Rewrite the entry as the old format: no workspace, keyed by ref alone.
+	if err := os.Remove(s.refPath(legacyWorkspace, img.Ref)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.writeJSON(filepath.Join(s.Root(), "refs", "legacy.json"), refEntry{Ref: img.Ref, Digest: img.Digest}); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := NewStore(s.Root(), WithLogger(slog.New(slog.DiscardHandler)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := s2.List(ctx, legacyWorkspace); len(list) != 1 || list[0].Digest != img.Digest {
+		t.Errorf("default workspace after upgrade lists %v", list)
+	}
+	if list, _ := s2.List(ctx, wsB); len(list) != 0 {
+		t.Errorf("another workspace after upgrade lists %v", list)
+	}
+}
+
+// TestZstdWindowIsBounded: a zstd frame asking for a 512 MiB window (which
+// the decoder would allocate) is refused.
+func TestZstdWindowIsBounded(t *testing.T) {
+	// Magic, frame header (no flags), window descriptor 2^29, then one
+	// empty last raw block.
+	frame := []byte{0x28, 0xb5, 0x2f, 0xfd, 0x00, 19 << 3, 0x01, 0x00, 0x00}
+	zr, err := decompress(bytes.NewReader(frame))
+	if err == nil {
+		_, err = io.Copy(io.Discard, zr)
+		zr.Close()
+	}
+	if err == nil {
+		t.Fatal("a 512 MiB zstd window was accepted")
+	}
+	frame[5] = 10 << 3 // 1 MiB: fine
+	zr, err = decompress(bytes.NewReader(frame))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(io.Discard, zr); err != nil {
+		t.Errorf("1 MiB window: %v", err)
 	}
 }

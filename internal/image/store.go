@@ -104,13 +104,13 @@ type Store struct {
 
 	// index serialises writes to refs/ and images/ against Remove.
 	index sync.Mutex
-	// gc is held shared by every ingest from its first layer until its
-	// commit, and exclusively by GC, so GC never deletes a layer that an
-	// ingest has found present but not yet recorded.
-	gc sync.RWMutex
-
 	locksMu sync.Mutex
 	locks   map[string]chan struct{} // per-diffID unpack locks
+	// pins counts the ingests using each diffID, from before they look
+	// for the layer until their image is recorded. GC deletes a layer only
+	// while holding its lock and seeing no pin, so it never deletes one an
+	// ingest has found present but not yet recorded.
+	pins map[string]int
 
 	unpacks atomic.Int64 // layers unpacked by this Store; for tests
 }
@@ -127,6 +127,7 @@ func NewStore(root string, opts ...Option) (*Store, error) {
 		log:      slog.Default(),
 		insecure: map[string]bool{},
 		locks:    map[string]chan struct{}{},
+		pins:     map[string]int{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -530,6 +531,30 @@ func (s *Store) Usage(ctx context.Context, ws string) (int64, error) {
 func isDigest(ref string) bool {
 	_, err := hexOf(ref)
 	return err == nil
+}
+
+// pin marks diffIDs as used by an ingest; the returned func unpins them.
+func (s *Store) pin(diffIDs []string) func() {
+	s.locksMu.Lock()
+	for _, d := range diffIDs {
+		s.pins[d]++
+	}
+	s.locksMu.Unlock()
+	return func() {
+		s.locksMu.Lock()
+		for _, d := range diffIDs {
+			if s.pins[d]--; s.pins[d] == 0 {
+				delete(s.pins, d)
+			}
+		}
+		s.locksMu.Unlock()
+	}
+}
+
+func (s *Store) pinned(diffID string) bool {
+	s.locksMu.Lock()
+	defer s.locksMu.Unlock()
+	return s.pins[diffID] > 0
 }
 
 // lockLayer takes the per-diffID unpack lock, honouring ctx while waiting.
