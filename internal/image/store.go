@@ -103,7 +103,7 @@ type Store struct {
 	limits Limits
 
 	// index serialises writes to refs/ and images/ against Remove.
-	index sync.Mutex
+	index   sync.Mutex
 	locksMu sync.Mutex
 	locks   map[string]chan struct{} // per-diffID unpack locks
 	// pins counts the ingests using each diffID, from before they look
