@@ -130,23 +130,41 @@ func tooBig(what string, max int64) error {
 	return fmt.Errorf("%s is larger than %s, the cap: %w", what, humanize.IBytes(uint64(max)), errdefs.ErrInvalid)
 }
 
-// manifestCapTransport cuts registry manifest responses off at
-// MaxManifestBytes: go-containerregistry reads up to 100 MiB of one into
-// memory. Blob reads are bounded by their descriptor's size already.
+// manifestCapTransport cuts manifest responses off at MaxManifestBytes,
+// also when the registry redirects them elsewhere: go-containerregistry
+// reads up to 100 MiB of one into memory. Its token and error reads are
+// bounded already, and blob reads by their descriptor's size and the layer
+// caps.
 type manifestCapTransport struct{ base http.RoundTripper }
 
 func (t manifestCapTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.base.RoundTrip(req)
-	if err != nil || !strings.Contains(req.URL.Path, "/manifests/") {
+	if err != nil || !fetchesManifest(req) {
 		return resp, err
 	}
+	what := "manifest " + req.URL.Path
 	if resp.ContentLength > MaxManifestBytes {
 		resp.Body.Close()
-		return nil, tooBig("manifest "+req.URL.Path, MaxManifestBytes)
+		return nil, tooBig(what, MaxManifestBytes)
 	}
 	resp.Body = struct {
 		io.Reader
 		io.Closer
-	}{&capReader{r: resp.Body, max: MaxManifestBytes, err: func() error { return tooBig("manifest "+req.URL.Path, MaxManifestBytes) }}, resp.Body}
+	}{&capReader{r: resp.Body, max: MaxManifestBytes, err: func() error { return tooBig(what, MaxManifestBytes) }}, resp.Body}
 	return resp, nil
+}
+
+// fetchesManifest reports whether req asks for a manifest, directly or as
+// a redirect of such a request.
+func fetchesManifest(req *http.Request) bool {
+	for r := req; r != nil; {
+		if strings.Contains(r.URL.Path, "/manifests/") {
+			return true
+		}
+		if r.Response == nil {
+			return false
+		}
+		r = r.Response.Request
+	}
+	return false
 }

@@ -5,15 +5,20 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/image/imagetest"
@@ -334,5 +339,42 @@ func TestZstdWindowIsBounded(t *testing.T) {
 	}
 	if _, err := io.Copy(io.Discard, zr); err != nil {
 		t.Errorf("1 MiB window: %v", err)
+	}
+}
+
+// TestRedirectedManifestIsCapped: a 5 MiB manifest behind a redirect (as
+// to a CDN) is cut off at the cap, while a large blob behind one still
+// downloads whole.
+func TestRedirectedManifestIsCapped(t *testing.T) {
+	requireRoot(t)
+	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/cdn/huge-manifest":
+			w.Header().Set("Content-Type", string(types.OCIManifestSchema1))
+			w.Write(bytes.Repeat([]byte(" "), 5<<20))
+		case strings.HasPrefix(r.URL.Path, "/cdn/"):
+			r.URL.Path = strings.TrimPrefix(r.URL.Path, "/cdn")
+			reg.ServeHTTP(w, r)
+		case strings.Contains(r.URL.Path, "/hostile/") && strings.Contains(r.URL.Path, "/manifests/"):
+			http.Redirect(w, r, "/cdn/huge-manifest", http.StatusTemporaryRedirect)
+		case strings.Contains(r.URL.Path, "/blobs/sha256:") && r.Method == http.MethodGet:
+			http.Redirect(w, r, "/cdn"+r.URL.Path, http.StatusTemporaryRedirect)
+		default:
+			reg.ServeHTTP(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	host := strings.TrimPrefix(srv.URL, "http://")
+	s := newStore(t)
+	ctx := context.Background()
+	// Cut off while reading (named by its path), not read whole first.
+	if _, err := s.Resolve(ctx, wsA, host+"/hostile/x:1", nil, nil); err == nil || !strings.Contains(err.Error(), "manifest /cdn/huge-manifest is larger than 4.0 MiB") {
+		t.Errorf("5 MiB redirected manifest: %v, want cut off at the cap", err)
+	}
+	big := imagetest.Image(t, v1.Config{}, imagetest.Layer(t, imagetest.File("big", 0o644, strings.Repeat("b", 6<<20))))
+	ref := imagetest.Push(t, host, "cdn/big:1", big)
+	if img, err := s.Resolve(ctx, wsA, ref, nil, nil); err != nil || img.Size < 6<<20 {
+		t.Errorf("6 MiB layer through a redirect: %v", err)
 	}
 }

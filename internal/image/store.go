@@ -102,8 +102,9 @@ type Store struct {
 
 	limits Limits
 
-	// index serialises writes to refs/ and images/ against Remove.
-	index   sync.Mutex
+	// index serialises writes to refs/ and images/ (commit, Remove, GC).
+	index sync.Mutex
+
 	locksMu sync.Mutex
 	locks   map[string]chan struct{} // per-diffID unpack locks
 	// pins counts the ingests using each diffID, from before they look

@@ -254,6 +254,7 @@ func TestHugeImageConfigIsRefused(t *testing.T) {
 	if dbBytes > 4<<20 {
 		t.Errorf("database is %d bytes for ten snapshots of one 512 KiB Env, want it stored once", dbBytes)
 	}
+	t.Logf("database %d KiB for ten snapshots of one 512 KiB Env", dbBytes>>10)
 	resp, err := http.NewRequest("GET", d.Endpoint+"/api/v2/sandboxes/snapshots?limit=500", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -268,6 +269,7 @@ func TestHugeImageConfigIsRefused(t *testing.T) {
 	if res.StatusCode != 200 || len(raw) > 64<<10 {
 		t.Errorf("GET /snapshots: %d, %d bytes; want a small answer", res.StatusCode, len(raw))
 	}
+	t.Logf("GET /snapshots of 11 snapshots: %d bytes", len(raw))
 	got, err := d.Client.GetSnapshot(context.Background(), last.ID)
 	if err != nil || got.RunConfig == nil || len(got.RunConfig.EnvVars["BIG"]) != 512<<10 {
 		t.Errorf("GET /snapshots/{id} lost the image's Env: %v", err)
