@@ -34,7 +34,7 @@ var Platform = v1.Platform{OS: "linux", Architecture: "amd64"}
 // ErrNotFound (no such image or platform), ErrUnauthorized (credentials
 // refused) or ErrUnavailable (registry unreachable).
 func (s *Store) Resolve(ctx context.Context, ws, ref string, auth authn.Authenticator, progress func(Progress)) (*Image, error) {
-	if isDigest(ref) {
+	if IsDigest(ref) {
 		img, err := s.byDigest(ws, ref)
 		if err != nil {
 			return nil, fmt.Errorf("resolve image %s: %w", ref, err)

@@ -457,7 +457,7 @@ func (s *Store) Remove(ctx context.Context, ws, ref string) error {
 		return err
 	}
 	var victims []refEntry
-	if isDigest(ref) {
+	if IsDigest(ref) {
 		entries, err := s.entries(ws)
 		if err != nil {
 			return err
@@ -528,8 +528,9 @@ func (s *Store) Usage(ctx context.Context, ws string) (int64, error) {
 	return total, nil
 }
 
-// isDigest reports whether ref is a bare manifest digest ("sha256:<hex>").
-func isDigest(ref string) bool {
+// IsDigest reports whether ref is a bare manifest digest ("sha256:<hex>"),
+// which names only an image the workspace already holds.
+func IsDigest(ref string) bool {
 	_, err := hexOf(ref)
 	return err == nil
 }

@@ -36,6 +36,13 @@ func (m *Manager) CreateSnapshot(ctx context.Context, req protocol.CreateSnapsho
 	if err := validateSnapshotRequest(req, m.cfg.Limits); err != nil {
 		return nil, err
 	}
+	if image.IsDigest(req.DockerImage) {
+		// A bare digest names a local image or nothing: answer now, with
+		// the same 404 whether another workspace holds it or no one does.
+		if _, err := m.cfg.Images.Resolve(ctx, p.WorkspaceID, req.DockerImage, nil, nil); err != nil {
+			return nil, err
+		}
+	}
 	if req.RegistryID != "" {
 		// Check the registry now, so a bad registry_id is a 422 rather
 		// than a snapshot that fails a moment later.

@@ -94,8 +94,12 @@ func TestImagesAcrossWorkspaces(t *testing.T) {
 	}
 	b := addWorkspaceKeyViaStore(t, d, "ws-b")
 
+	var ae *cubicle.APIError
+	_, err := b.CreateSnapshot(context.Background(), protocol.CreateSnapshotRequest{Name: "steal", DockerImage: priv.ImageDigest, FSCapacityBytes: 1 << 30})
+	if !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
+		t.Errorf("B: snapshot of A's private image by bare digest = %v, want 404", err)
+	}
 	for name, ref := range map[string]string{
-		"digest":      priv.ImageDigest,
 		"repo-digest": host + "/private/busybox@" + priv.ImageDigest,
 		"other-repo":  testImage(t)[:strings.LastIndex(testImage(t), "/")] + "/any/repo@" + priv.ImageDigest,
 	} {
@@ -116,7 +120,6 @@ func TestImagesAcrossWorkspaces(t *testing.T) {
 	if n, err := b.ImageUsage(context.Background()); err != nil || n != 0 {
 		t.Errorf("B's image usage = %d, %v; want 0", n, err)
 	}
-	var ae *cubicle.APIError
 	if _, err := b.RemoveImage(context.Background(), privRef); !errors.As(err, &ae) || ae.Status != http.StatusNotFound {
 		t.Errorf("B: rm A's image = %v, want 404", err)
 	}
