@@ -66,9 +66,6 @@ func sourceOf(img v1.Image) (*source, error) {
 	if m.Config.Size > MaxConfigBytes {
 		return nil, tooBig("image config", MaxConfigBytes)
 	}
-	if len(m.Layers) > MaxLayers {
-		return nil, fmt.Errorf("image has %d layers, more than the cap of %d: %w", len(m.Layers), MaxLayers, errdefs.ErrInvalid)
-	}
 	src, err := configAndLayers(img)
 	if err != nil {
 		return nil, err

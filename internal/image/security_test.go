@@ -306,12 +306,27 @@ func TestLegacyRefsGoToDefaultWorkspace(t *testing.T) {
 	if err := s.writeJSON(filepath.Join(s.Root(), "refs", "legacy.json"), refEntry{Ref: img.Ref, Digest: img.Digest}); err != nil {
 		t.Fatal(err)
 	}
+	// And an image loaded untagged, which old stores named nowhere.
+	untagged, err := s.Resolve(ctx, wsA, imagetest.Push(t, host, "old/untagged:1", imagetest.Image(t, v1.Config{}, imagetest.Layer(t, imagetest.File("u", 0o644, "u")))), nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(s.refPath(wsA, untagged.Ref)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(s.Root(), "version")); err != nil {
+		t.Fatal(err)
+	}
 	s2, err := NewStore(s.Root(), WithLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if list, _ := s2.List(ctx, legacyWorkspace); len(list) != 1 || list[0].Digest != img.Digest {
-		t.Errorf("default workspace after upgrade lists %v", list)
+	list, _ := s2.List(ctx, legacyWorkspace)
+	if len(list) != 2 || list[0].Ref != "" || list[0].Digest != untagged.Digest || list[1].Digest != img.Digest {
+		t.Errorf("default workspace after upgrade lists %v, want the untagged image and %s", list, img.Ref)
+	}
+	if res, err := s2.GC(ctx, nil); err != nil || res.Layers != 0 {
+		t.Errorf("GC after upgrade = %+v, %v; want nothing freed", res, err)
 	}
 	if list, _ := s2.List(ctx, wsB); len(list) != 0 {
 		t.Errorf("another workspace after upgrade lists %v", list)

@@ -148,7 +148,7 @@ func NewStore(root string, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("image store: chmod %s: %w", d, err)
 		}
 	}
-	if err := s.migrateLegacyRefs(); err != nil {
+	if err := s.migrate(); err != nil {
 		return nil, fmt.Errorf("image store: %w", err)
 	}
 	return s, nil
@@ -182,10 +182,6 @@ type refEntry struct {
 	// still lets the caller pull it.
 	Private bool `json:"private,omitempty"`
 }
-
-// legacyWorkspace owns refs written before names were per workspace; such
-// stores served the default workspace.
-const legacyWorkspace = "default"
 
 func hexOf(digest string) (string, error) {
 	h, ok := strings.CutPrefix(digest, "sha256:")
@@ -422,30 +418,6 @@ func (s *Store) entries(ws string) ([]refEntry, error) {
 		}
 	}
 	return out, nil
-}
-
-// migrateLegacyRefs gives refs written before names were per workspace to
-// legacyWorkspace.
-func (s *Store) migrateLegacyRefs() error {
-	des, err := os.ReadDir(filepath.Join(s.root, "refs"))
-	if err != nil {
-		return fmt.Errorf("list refs: %w", err)
-	}
-	for _, de := range des {
-		p := filepath.Join(s.root, "refs", de.Name())
-		var e refEntry
-		if err := readJSON(p, &e); err != nil || e.Workspace != "" {
-			continue
-		}
-		e.Workspace = legacyWorkspace
-		if err := s.writeJSON(s.entryPath(e), e); err != nil {
-			return fmt.Errorf("migrate ref %s: %w", e.Ref, err)
-		}
-		if err := os.Remove(p); err != nil {
-			return fmt.Errorf("migrate ref %s: %w", e.Ref, err)
-		}
-	}
-	return nil
 }
 
 // Remove forgets one of workspace ws's names. Given a tag or name it
