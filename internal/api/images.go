@@ -50,6 +50,9 @@ func (s *Server) loadImage(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
+	for _, img := range imgs {
+		img.Release()
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"images": imageInfos(imgs)})
 }
 

@@ -190,7 +190,11 @@ func (s *Store) ingest(ctx context.Context, src *source, t ingestTarget, progres
 	if len(t.refs) > 0 {
 		ref = t.refs[0]
 	}
-	return s.imageByDigest(ref, rec.Digest)
+	img, err := s.imageByDigest(ref, rec.Digest)
+	if err != nil {
+		return nil, err
+	}
+	return s.hold(img) // pinned again before this ingest's pins go
 }
 
 // heldLayers is the set of diffIDs of the images workspace ws holds.

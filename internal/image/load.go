@@ -36,7 +36,7 @@ const (
 // the archive are recorded; name, if set, is recorded too and becomes the
 // returned Ref, and is only allowed for a single-image archive. Loaded
 // names take precedence over any registry in ws's Resolve, and in no other
-// workspace's.
+// workspace's. The caller must Release each image returned.
 //
 // Archives carrying both an OCI layout and a docker manifest.json (Docker
 // 25+) are read as OCI, so digests match the registry's. A docker-only
@@ -239,7 +239,7 @@ func extractLayout(ctx context.Context, path, dir string) error {
 
 // loadLayout ingests each image named in an OCI layout's index.json; a
 // nested index is narrowed to Platform.
-func (s *Store) loadLayout(ctx context.Context, ws, dir, override string) ([]*Image, error) {
+func (s *Store) loadLayout(ctx context.Context, ws, dir, override string) (_ []*Image, err error) {
 	if err := checkFileSize(filepath.Join(dir, "index.json"), MaxManifestBytes, "index.json"); err != nil {
 		return nil, err
 	}
@@ -282,6 +282,7 @@ func (s *Store) loadLayout(ctx context.Context, ws, dir, override string) ([]*Im
 		return nil, fmt.Errorf("name %s given for an archive of %d images: %w", override, len(entries), errdefs.ErrInvalid)
 	}
 	var out []*Image
+	defer releaseOnError(&err, &out)
 	for _, e := range entries {
 		src, err := sourceOf(e.img)
 		if err != nil {
@@ -379,7 +380,7 @@ func (s *Store) annotationRef(ann map[string]string) string {
 // loadDocker ingests each image of a `docker save` tarball (manifest.json).
 // sizes are the tar's file sizes, checked before ggcr reads the manifest
 // and configs whole.
-func (s *Store) loadDocker(ctx context.Context, ws, path string, sizes map[string]int64, override string) ([]*Image, error) {
+func (s *Store) loadDocker(ctx context.Context, ws, path string, sizes map[string]int64, override string) (_ []*Image, err error) {
 	if sizes["manifest.json"] > MaxManifestBytes {
 		return nil, tooBig("manifest.json", MaxManifestBytes)
 	}
@@ -392,6 +393,7 @@ func (s *Store) loadDocker(ctx context.Context, ws, path string, sizes map[strin
 		return nil, fmt.Errorf("name %s given for an archive of %d images: %w", override, len(m), errdefs.ErrInvalid)
 	}
 	var out []*Image
+	defer releaseOnError(&err, &out)
 	for _, d := range m {
 		if c, err := cleanName(d.Config); err == nil && sizes[c] > MaxConfigBytes {
 			return nil, tooBig("image config "+d.Config, MaxConfigBytes)
@@ -475,6 +477,15 @@ func syntheticManifest(src *source, sizes []int64) (string, []byte, error) {
 	}
 	sum := sha256.Sum256(raw)
 	return "sha256:" + hex.EncodeToString(sum[:]), raw, nil
+}
+
+// releaseOnError releases the images loaded so far when the load fails.
+func releaseOnError(err *error, imgs *[]*Image) {
+	if *err != nil {
+		for _, img := range *imgs {
+			img.Release()
+		}
+	}
 }
 
 func dedupe(refs []string) []string {

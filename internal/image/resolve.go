@@ -30,12 +30,16 @@ var Platform = v1.Platform{OS: "linux", Architecture: "amd64"}
 //
 // auth nil means anonymous. progress, if non-nil, is called from the
 // pulling goroutines (serialised) as compressed layer bytes arrive.
+// The caller must Release the image once it has recorded its layers.
 // Errors wrap errdefs.ErrInvalid (bad ref, or an image over a cap),
 // ErrNotFound (no such image or platform), ErrUnauthorized (credentials
 // refused) or ErrUnavailable (registry unreachable).
 func (s *Store) Resolve(ctx context.Context, ws, ref string, auth authn.Authenticator, progress func(Progress)) (*Image, error) {
 	if IsDigest(ref) {
 		img, err := s.byDigest(ws, ref)
+		if err == nil {
+			img, err = s.hold(img)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("resolve image %s: %w", ref, err)
 		}
@@ -55,14 +59,19 @@ func (s *Store) Resolve(ctx context.Context, ws, ref string, auth authn.Authenti
 				return nil, fmt.Errorf("resolve image %s: %w", ref, err)
 			}
 		}
+		if img, err = s.hold(img); err != nil {
+			return nil, fmt.Errorf("resolve image %s: %w", ref, err)
+		}
 		return img, nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, fmt.Errorf("resolve image %s: %w", ref, err)
 	}
 	if d, ok := r.(name.Digest); ok {
 		if img, err := s.byDigest(ws, d.DigestStr()); err == nil {
-			img.Ref = canon
-			return img, nil
+			if img, err = s.hold(img); err == nil {
+				img.Ref = canon
+				return img, nil
+			}
 		}
 	}
 	img, err := s.pull(ctx, ws, r, auth, progress)

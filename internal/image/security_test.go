@@ -235,6 +235,8 @@ func TestGCFreesUnreferencedLayers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	a.Release()
+	b.Release()
 	if res, err := s.GC(ctx, nil); err != nil || res.Layers != 0 {
 		t.Fatalf("GC with every image named = %+v, %v; want nothing freed", res, err)
 	}
@@ -262,28 +264,34 @@ func TestGCFreesUnreferencedLayers(t *testing.T) {
 	}
 }
 
-// TestGCSkipsPinnedLayers: a layer an ingest is using (pinned) survives GC
-// even though no image names it yet.
-func TestGCSkipsPinnedLayers(t *testing.T) {
+// TestGCKeepsHeldLayers: the layers of a resolved image survive GC until
+// the caller releases it (it has not recorded them in a snapshot yet), even
+// when the image loses its name meanwhile.
+func TestGCKeepsHeldLayers(t *testing.T) {
 	requireRoot(t)
 	host := imagetest.StartRegistry(t)
 	ctx := context.Background()
 	s := newStore(t)
-	img, err := s.Resolve(ctx, wsA, imagetest.Push(t, host, "gc/pin:1", imagetest.Image(t, v1.Config{}, imagetest.Layer(t, imagetest.File("p", 0o644, "p")))), nil, nil)
+	ref := imagetest.Push(t, host, "gc/pin:1", imagetest.Image(t, v1.Config{}, imagetest.Layer(t, imagetest.File("p", 0o644, "p"))))
+	first, err := s.Resolve(ctx, wsA, ref, nil, nil) // pulled
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Remove(ctx, wsA, img.Ref); err != nil {
+	again, err := s.Resolve(ctx, wsA, ref, nil, nil) // found locally
+	if err != nil {
 		t.Fatal(err)
 	}
-	diffID := "sha256:" + filepath.Base(img.Layers[0])
-	unpin := s.pin([]string{diffID})
-	if res, err := s.GC(ctx, nil); err != nil || res.Layers != 0 {
-		t.Fatalf("GC with the layer pinned = %+v, %v; want it kept", res, err)
+	if err := s.Remove(ctx, wsA, ref); err != nil {
+		t.Fatal(err)
 	}
-	unpin()
+	for i, img := range []*Image{first, again} {
+		if res, err := s.GC(ctx, nil); err != nil || res.Layers != 0 {
+			t.Fatalf("GC with %d holder(s) left = %+v, %v; want the layer kept", 2-i, res, err)
+		}
+		img.Release()
+	}
 	if res, err := s.GC(ctx, nil); err != nil || res.Layers != 1 {
-		t.Fatalf("GC after unpin = %+v, %v; want the layer freed", res, err)
+		t.Fatalf("GC after release = %+v, %v; want the layer freed", res, err)
 	}
 }
 

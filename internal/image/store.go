@@ -60,6 +60,38 @@ type Image struct {
 	Config protocol.RunConfig
 	// Size is the sum of the layers' uncompressed tar sizes in bytes.
 	Size int64
+
+	// release unpins Layers (see Release); nil once released.
+	release func()
+}
+
+// Release ends the caller's hold on the image's layers. Until then GC
+// keeps them even if the image loses its last name, so a caller that
+// records the layers elsewhere (a snapshot) releases only after recording
+// them. Safe to call more than once.
+func (img *Image) Release() {
+	if img != nil && img.release != nil {
+		img.release()
+		img.release = nil
+	}
+}
+
+// hold pins img's layers for its caller and checks they are still there
+// (GC may have taken them just before the pin).
+func (s *Store) hold(img *Image) (*Image, error) {
+	diffIDs := make([]string, len(img.Layers))
+	for i, dir := range img.Layers {
+		diffIDs[i] = "sha256:" + filepath.Base(dir)
+	}
+	unpin := s.pin(diffIDs)
+	for _, dir := range img.Layers {
+		if _, err := os.Stat(dir); err != nil {
+			unpin()
+			return nil, fmt.Errorf("image %s: layer %s: %w", img.Digest, filepath.Base(dir), errdefs.ErrNotFound)
+		}
+	}
+	img.release = unpin
+	return img, nil
 }
 
 // Progress reports bytes of layer data transferred during a pull (or read

@@ -39,9 +39,11 @@ func (m *Manager) CreateSnapshot(ctx context.Context, req protocol.CreateSnapsho
 	if image.IsDigest(req.DockerImage) {
 		// A bare digest names a local image or nothing: answer now, with
 		// the same 404 whether another workspace holds it or no one does.
-		if _, err := m.cfg.Images.Resolve(ctx, p.WorkspaceID, req.DockerImage, nil, nil); err != nil {
+		img, err := m.cfg.Images.Resolve(ctx, p.WorkspaceID, req.DockerImage, nil, nil)
+		if err != nil {
 			return nil, err
 		}
+		img.Release()
 	}
 	if req.RegistryID != "" {
 		// Check the registry now, so a bad registry_id is a 422 rather
@@ -105,6 +107,7 @@ func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *p
 	if err := m.cfg.Store.UpdateSnapshot(ctx, sn); err != nil {
 		m.log.Error("record snapshot build result", "snapshot", sn.ID, "err", err)
 	}
+	img.Release() // the layers are recorded: GC now sees the snapshot use them
 }
 
 // LayersInUse lists the layer directories that snapshots of every
