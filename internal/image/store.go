@@ -13,6 +13,7 @@
 //	images/<hex>.json        one record per image, keyed by manifest digest
 //	refs/<sha256(ws,ref)>.json  one workspace's name → manifest digest
 //	tmp/                     staging; anything here is garbage at startup
+//	version                  layout version ("2": names are per workspace)
 //
 // Invariants: a layer directory appears only through an atomic rename of a
 // fully unpacked, diffID-verified staging directory, and an image record or
@@ -21,7 +22,9 @@
 // shared on disk by every workspace (content-addressed), but a workspace
 // reaches an image only through its own refs, and reuses a layer it does
 // not already hold only after the layer's bytes, from its own source, hash
-// to the same diffID. GC deletes what no ref and no snapshot uses.
+// to the same diffID. GC deletes what no ref, no snapshot and no caller
+// holding a resolved image uses. What one pull or load may unpack is
+// capped (Limits), and its manifest and config are read through caps.
 package image
 
 import (

@@ -33,7 +33,8 @@ import (
 )
 
 // ImageSource resolves an image reference to unpacked layers for one
-// workspace (its own local images first, then registries).
+// workspace (its own local images first, then registries). The caller
+// releases the image once its layers are recorded in a snapshot.
 type ImageSource interface {
 	Resolve(ctx context.Context, workspaceID, ref string, auth authn.Authenticator, progress func(image.Progress)) (*image.Image, error)
 }
