@@ -116,6 +116,9 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	out := make([]protocol.Snapshot, len(list))
 	for i, v := range list {
 		out[i] = s.snapshotJSON(v)
+		// Lists leave run_config out (GET /snapshots/{id} has it), so
+		// their size does not grow with the images' Env.
+		out[i].RunConfig = nil
 	}
 	writeJSON(w, http.StatusOK, protocol.SnapshotList{Snapshots: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))})
 }
@@ -133,6 +136,11 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 	if err := s.mgr.DeleteSnapshot(r.Context(), r.PathValue("id")); err != nil {
 		writeError(r.Context(), w, err)
 		return
+	}
+	// The snapshot may have been the last user of layers whose image is
+	// gone; freeing them is best effort and never fails the delete.
+	if _, err := s.collectImages(r.Context()); err != nil {
+		s.log.Warn("image gc after snapshot delete", "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
 }

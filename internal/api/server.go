@@ -63,6 +63,7 @@ func New(mgr *sandbox.Manager, a *auth.Authenticator, images *image.Store, publi
 		s.handle("POST "+p+"/boxes/{name}/start", s.startSandbox)
 		s.handle("POST "+p+"/images/load", s.loadImage)
 		s.handle("GET "+p+"/images", s.listImages)
+		s.handle("DELETE "+p+"/images/{ref...}", s.removeImage)
 		if s.gw != nil {
 			s.handle("POST "+p+"/boxes/{name}/service-url", s.serviceURL)
 			s.handle("POST "+p+"/boxes/{name}/download-url", s.downloadURL)

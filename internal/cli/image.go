@@ -74,7 +74,7 @@ func newImageCmd() *cobra.Command {
 
 	ls := &cobra.Command{
 		Use:   "ls",
-		Short: "List the local image store",
+		Short: "List the workspace's images",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := clientFromEnv()
@@ -85,15 +85,42 @@ func newImageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			usage, err := c.ImageUsage(cmd.Context())
+			if err != nil {
+				return err
+			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "REF\tDIGEST\tSIZE")
 			for _, im := range imgs {
 				fmt.Fprintf(tw, "%s\t%s\t%s\n", im.Ref, im.Digest, humanize.IBytes(uint64(im.Size)))
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "total on disk (each layer once): %s\n", humanize.IBytes(uint64(usage)))
+			return nil
 		},
 	}
-	cmd.AddCommand(load, imp, ls)
+	rm := &cobra.Command{
+		Use:   "rm REF...",
+		Short: "Remove images (a name, or a digest for every name of it) and free the layers nothing uses",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			for _, ref := range args {
+				res, err := c.RemoveImage(cmd.Context(), ref)
+				if err != nil {
+					return fmt.Errorf("remove %s: %w", ref, err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "removed %s; freed %d layer(s), %s\n", ref, res.FreedLayers, humanize.IBytes(uint64(res.FreedBytes)))
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(load, imp, ls, rm)
 	return cmd
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -25,6 +26,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/secrets"
 	"github.com/cubicle-dev/cubicle/internal/storage"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 )
 
@@ -44,6 +46,27 @@ type serveFlags struct {
 	egress             egressFlags
 	hostResolv         string
 	conns              api.ConnLimits
+	imageMaxBytes      string
+	layerMaxBytes      string
+}
+
+// imageLimits parses the image size caps ("" is 0: the store's default).
+func (f serveFlags) imageLimits() (image.Limits, error) {
+	var l image.Limits
+	for _, v := range []struct {
+		flag, val string
+		dst       *int64
+	}{{"--image-max-bytes", f.imageMaxBytes, &l.ImageBytes}, {"--image-layer-max-bytes", f.layerMaxBytes, &l.LayerBytes}} {
+		if v.val == "" {
+			continue
+		}
+		n, err := humanize.ParseBytes(v.val)
+		if err != nil || n == 0 || n > math.MaxInt64 {
+			return l, fmt.Errorf("%s %q: want a positive size such as 512MiB", v.flag, v.val)
+		}
+		*v.dst = int64(n)
+	}
+	return l, nil
 }
 
 func newServeCmd() *cobra.Command {
@@ -74,6 +97,8 @@ func newServeCmd() *cobra.Command {
 	fl.StringVar(&f.runtime, "runtime", "gvisor", "sandbox runtime: gvisor or namespace")
 	fl.StringVar(&f.runsc, "runsc", "", "path of runsc (default: next to cubicle, then PATH)")
 	fl.StringSliceVar(&f.insecureRegistries, "insecure-registry", nil, "HOST[:PORT] of a registry reached over plain HTTP (repeatable)")
+	fl.StringVar(&f.imageMaxBytes, "image-max-bytes", "", "cap on what one image pull or load unpacks to, e.g. 20GiB (default: half the image store's free space at pull time)")
+	fl.StringVar(&f.layerMaxBytes, "image-layer-max-bytes", "", "cap on one unpacked image layer (default: the image cap)")
 	fl.BoolVar(&f.debug, "debug", false, "log every request")
 	fl.StringVar(&f.serviceDomain, "service-domain", os.Getenv("CUBICLE_SERVICE_DOMAIN"),
 		"domain for host-form service URLs <name>--<port>.<domain> (wildcard DNS to this daemon); unset: path form only (env CUBICLE_SERVICE_DOMAIN)")
@@ -112,7 +137,12 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err := bootstrapKey(ctx, st, f.dataDir); err != nil {
 		return err
 	}
-	images, err := image.NewStore(filepath.Join(f.dataDir, "images"), image.WithInsecureRegistries(f.insecureRegistries), image.WithLogger(log))
+	limits, err := f.imageLimits()
+	if err != nil {
+		return err
+	}
+	images, err := image.NewStore(filepath.Join(f.dataDir, "images"), image.WithInsecureRegistries(f.insecureRegistries),
+		image.WithLogger(log), image.WithLimits(limits))
 	if err != nil {
 		return err
 	}
@@ -154,6 +184,11 @@ func serve(ctx context.Context, f serveFlags) error {
 		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress})
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
+	}
+	if inUse, err := mgr.LayersInUse(ctx); err != nil {
+		return err
+	} else if _, err := images.GC(ctx, inUse); err != nil {
+		log.Warn("image gc at start", "err", err)
 	}
 	ln, err := net.Listen("tcp", f.listen)
 	if err != nil {

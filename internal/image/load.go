@@ -30,26 +30,57 @@ const (
 	annotationRefName        = "org.opencontainers.image.ref.name"
 )
 
-// Load imports every image in an archive at path: a `docker save` tarball,
-// a tar of an OCI image layout, or an OCI layout directory (each optionally
-// gzip-compressed when a file). Names found in the archive are recorded;
-// name, if set, is recorded too and becomes the returned Ref, and is only
-// allowed for a single-image archive. Loaded names take precedence over any
-// registry in Resolve.
+// Load imports every image in an archive at path into workspace ws: a
+// `docker save` tarball, a tar of an OCI image layout, or an OCI layout
+// directory (each optionally gzip-compressed when a file). Names found in
+// the archive are recorded; name, if set, is recorded too and becomes the
+// returned Ref, and is only allowed for a single-image archive. Loaded
+// names take precedence over any registry in ws's Resolve, and in no other
+// workspace's. The caller must Release each image returned.
 //
 // Archives carrying both an OCI layout and a docker manifest.json (Docker
 // 25+) are read as OCI, so digests match the registry's. A docker-only
 // archive has no manifest; its Digest is that of a synthetic OCI manifest
 // over the uncompressed layers, stable for the same archive content.
-func (s *Store) Load(ctx context.Context, path string, name string) ([]*Image, error) {
-	imgs, err := s.load(ctx, path, name)
+func (s *Store) Load(ctx context.Context, ws, path, name string) ([]*Image, error) {
+	imgs, err := s.load(ctx, ws, path, name)
 	if err != nil {
 		return nil, fmt.Errorf("load image archive %s: %w", path, err)
 	}
 	return imgs, nil
 }
 
-func (s *Store) load(ctx context.Context, path, override string) ([]*Image, error) {
+// LoadReader is Load of an archive streamed from r, spooled under the
+// store's staging dir; an archive larger than MaxArchiveBytes is refused
+// once that much has arrived.
+func (s *Store) LoadReader(ctx context.Context, ws string, r io.Reader, name string) ([]*Image, error) {
+	max, err := s.MaxArchiveBytes()
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.CreateTemp(filepath.Join(s.root, "tmp"), "upload-*.tar")
+	if err != nil {
+		return nil, fmt.Errorf("buffer image archive: %w", err)
+	}
+	defer os.Remove(f.Name())
+	n, err := io.Copy(f, io.LimitReader(r, max+1))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, fmt.Errorf("receive image archive: %w", err)
+	}
+	if n > max {
+		return nil, tooBig("image archive", max)
+	}
+	imgs, err := s.load(ctx, ws, f.Name(), name)
+	if err != nil {
+		return nil, fmt.Errorf("load image archive: %w", err)
+	}
+	return imgs, nil
+}
+
+func (s *Store) load(ctx context.Context, ws, path, override string) ([]*Image, error) {
 	if override != "" {
 		c, err := s.canonical(override)
 		if err != nil {
@@ -65,7 +96,7 @@ func (s *Store) load(ctx context.Context, path, override string) ([]*Image, erro
 		return nil, err
 	}
 	if st.IsDir() {
-		return s.loadLayout(ctx, path, override)
+		return s.loadLayout(ctx, ws, path, override)
 	}
 	path, cleanup, err := s.gunzipIfNeeded(path)
 	if err != nil {
@@ -76,8 +107,11 @@ func (s *Store) load(ctx context.Context, path, override string) ([]*Image, erro
 	if err != nil {
 		return nil, err
 	}
+	_, isIndex := names["index.json"]
+	_, isLayout := names["oci-layout"]
+	_, isDocker := names["manifest.json"]
 	switch {
-	case names["index.json"] && names["oci-layout"]:
+	case isIndex && isLayout:
 		dir, err := os.MkdirTemp(filepath.Join(s.root, "tmp"), "layout-")
 		if err != nil {
 			return nil, err
@@ -86,9 +120,9 @@ func (s *Store) load(ctx context.Context, path, override string) ([]*Image, erro
 		if err := extractLayout(ctx, path, dir); err != nil {
 			return nil, fmt.Errorf("extract OCI layout: %w", err)
 		}
-		return s.loadLayout(ctx, dir, override)
-	case names["manifest.json"]:
-		return s.loadDocker(ctx, path, override)
+		return s.loadLayout(ctx, ws, dir, override)
+	case isDocker:
+		return s.loadDocker(ctx, ws, path, names, override)
 	default:
 		return nil, fmt.Errorf("neither a docker-save nor an OCI archive: %w", errdefs.ErrInvalid)
 	}
@@ -119,7 +153,10 @@ func (s *Store) gunzipIfNeeded(path string) (string, func(), error) {
 		return "", nil, err
 	}
 	cleanup := func() { os.Remove(out.Name()) }
-	_, err = io.Copy(out, zr)
+	max, err := s.MaxArchiveBytes()
+	if err == nil {
+		_, err = io.Copy(out, &capReader{r: zr, max: max, err: func() error { return tooBig("uncompressed image archive", max) }})
+	}
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
@@ -130,14 +167,15 @@ func (s *Store) gunzipIfNeeded(path string) (string, func(), error) {
 	return out.Name(), cleanup, nil
 }
 
-// tarNames lists the (cleaned) names of regular files in a tar.
-func tarNames(path string) (map[string]bool, error) {
+// tarNames lists the (cleaned) names of regular files in a tar, with their
+// sizes.
+func tarNames(path string) (map[string]int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	out := map[string]bool{}
+	out := map[string]int64{}
 	tr := tar.NewReader(f)
 	for {
 		hdr, err := tr.Next()
@@ -148,7 +186,7 @@ func tarNames(path string) (map[string]bool, error) {
 			return nil, fmt.Errorf("read tar: %w: %w", errdefs.ErrInvalid, err)
 		}
 		if n, err := cleanName(hdr.Name); err == nil && hdr.Typeflag == tar.TypeReg {
-			out[n] = true
+			out[n] = hdr.Size
 		}
 	}
 }
@@ -201,7 +239,10 @@ func extractLayout(ctx context.Context, path, dir string) error {
 
 // loadLayout ingests each image named in an OCI layout's index.json; a
 // nested index is narrowed to Platform.
-func (s *Store) loadLayout(ctx context.Context, dir, override string) ([]*Image, error) {
+func (s *Store) loadLayout(ctx context.Context, ws, dir, override string) (_ []*Image, err error) {
+	if err := checkFileSize(filepath.Join(dir, "index.json"), MaxManifestBytes, "index.json"); err != nil {
+		return nil, err
+	}
 	lp, err := layout.FromPath(dir)
 	if err != nil {
 		return nil, fmt.Errorf("open OCI layout: %w: %w", errdefs.ErrInvalid, err)
@@ -220,7 +261,7 @@ func (s *Store) loadLayout(ctx context.Context, dir, override string) ([]*Image,
 	}
 	var entries []entry
 	for _, desc := range im.Manifests {
-		img, err := layoutImage(idx, desc)
+		img, err := layoutImage(dir, idx, desc)
 		if err != nil {
 			return nil, err
 		}
@@ -241,6 +282,7 @@ func (s *Store) loadLayout(ctx context.Context, dir, override string) ([]*Image,
 		return nil, fmt.Errorf("name %s given for an archive of %d images: %w", override, len(entries), errdefs.ErrInvalid)
 	}
 	var out []*Image
+	defer releaseOnError(&err, &out)
 	for _, e := range entries {
 		src, err := sourceOf(e.img)
 		if err != nil {
@@ -250,7 +292,7 @@ func (s *Store) loadLayout(ctx context.Context, dir, override string) ([]*Image,
 		if override != "" {
 			refs = append([]string{override}, refs...)
 		}
-		img, err := s.ingest(ctx, src, dedupe(refs), false, nil)
+		img, err := s.ingest(ctx, src, ingestTarget{ws: ws, refs: dedupe(refs)}, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -261,13 +303,26 @@ func (s *Store) loadLayout(ctx context.Context, dir, override string) ([]*Image,
 
 // layoutImage returns the image a layout descriptor names, narrowing an
 // index to Platform (Docker's OCI export keeps only the local platform's
-// blobs). nil means the descriptor is not an image.
-func layoutImage(idx v1.ImageIndex, desc v1.Descriptor) (v1.Image, error) {
+// blobs). nil means the descriptor is not an image. The manifest and config
+// blobs are size-checked on disk before ggcr reads them whole.
+func layoutImage(dir string, idx v1.ImageIndex, desc v1.Descriptor) (v1.Image, error) {
+	if desc.MediaType.IsImage() || desc.MediaType.IsIndex() {
+		if err := checkLayoutBlob(dir, desc.Digest, MaxManifestBytes, "manifest "+desc.Digest.String()); err != nil {
+			return nil, err
+		}
+	}
 	switch {
 	case desc.MediaType.IsImage():
 		img, err := idx.Image(desc.Digest)
 		if err != nil {
 			return nil, fmt.Errorf("read image %s: %w", desc.Digest, err)
+		}
+		m, err := img.Manifest()
+		if err != nil {
+			return nil, fmt.Errorf("read image %s: %w: %w", desc.Digest, errdefs.ErrInvalid, err)
+		}
+		if err := checkLayoutBlob(dir, m.Config.Digest, MaxConfigBytes, "image config"); err != nil {
+			return nil, err
 		}
 		return img, nil
 	case desc.MediaType.IsIndex():
@@ -281,12 +336,30 @@ func layoutImage(idx v1.ImageIndex, desc v1.Descriptor) (v1.Image, error) {
 		}
 		for _, d := range cm.Manifests {
 			if d.MediaType.IsImage() && (d.Platform == nil || d.Platform.Satisfies(Platform)) {
-				return layoutImage(child, d)
+				return layoutImage(dir, child, d)
 			}
 		}
 		return nil, fmt.Errorf("index %s has no %s/%s image: %w", desc.Digest, Platform.OS, Platform.Architecture, errdefs.ErrNotFound)
 	}
 	return nil, nil
+}
+
+// checkLayoutBlob refuses a layout blob larger than max bytes on disk.
+func checkLayoutBlob(dir string, h v1.Hash, max int64, what string) error {
+	return checkFileSize(filepath.Join(dir, "blobs", h.Algorithm, h.Hex), max, what)
+}
+
+// checkFileSize refuses a file larger than max bytes; a missing file is
+// left for the reader to report.
+func checkFileSize(path string, max int64, what string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil
+	}
+	if st.Size() > max {
+		return tooBig(what, max)
+	}
+	return nil
 }
 
 // annotationRef returns the canonical name recorded in layout annotations,
@@ -305,7 +378,12 @@ func (s *Store) annotationRef(ann map[string]string) string {
 }
 
 // loadDocker ingests each image of a `docker save` tarball (manifest.json).
-func (s *Store) loadDocker(ctx context.Context, path, override string) ([]*Image, error) {
+// sizes are the tar's file sizes, checked before ggcr reads the manifest
+// and configs whole.
+func (s *Store) loadDocker(ctx context.Context, ws, path string, sizes map[string]int64, override string) (_ []*Image, err error) {
+	if sizes["manifest.json"] > MaxManifestBytes {
+		return nil, tooBig("manifest.json", MaxManifestBytes)
+	}
 	opener := func() (io.ReadCloser, error) { return os.Open(path) }
 	m, err := tarball.LoadManifest(opener)
 	if err != nil {
@@ -315,7 +393,11 @@ func (s *Store) loadDocker(ctx context.Context, path, override string) ([]*Image
 		return nil, fmt.Errorf("name %s given for an archive of %d images: %w", override, len(m), errdefs.ErrInvalid)
 	}
 	var out []*Image
+	defer releaseOnError(&err, &out)
 	for _, d := range m {
+		if c, err := cleanName(d.Config); err == nil && sizes[c] > MaxConfigBytes {
+			return nil, tooBig("image config "+d.Config, MaxConfigBytes)
+		}
 		var refs []string
 		var tag *name.Tag
 		for _, rt := range d.RepoTags {
@@ -346,7 +428,7 @@ func (s *Store) loadDocker(ctx context.Context, path, override string) ([]*Image
 		if override != "" {
 			refs = append([]string{override}, refs...)
 		}
-		loaded, err := s.ingest(ctx, src, dedupe(refs), false, nil)
+		loaded, err := s.ingest(ctx, src, ingestTarget{ws: ws, refs: dedupe(refs)}, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -395,6 +477,15 @@ func syntheticManifest(src *source, sizes []int64) (string, []byte, error) {
 	}
 	sum := sha256.Sum256(raw)
 	return "sha256:" + hex.EncodeToString(sum[:]), raw, nil
+}
+
+// releaseOnError releases the images loaded so far when the load fails.
+func releaseOnError(err *error, imgs *[]*Image) {
+	if *err != nil {
+		for _, img := range *imgs {
+			img.Release()
+		}
+	}
 }
 
 func dedupe(refs []string) []string {

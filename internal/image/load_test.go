@@ -35,14 +35,14 @@ func TestLoadDockerArchive(t *testing.T) {
 	path := imagetest.WriteDockerArchive(t, overlayStack(t), offlineRef)
 	s := newStore(t)
 	ctx := context.Background()
-	imgs, err := s.Load(ctx, path, "")
+	imgs, err := s.Load(ctx, wsA, path, "")
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
 	if len(imgs) != 1 || imgs[0].Ref != offlineRef || imgs[0].Size == 0 {
 		t.Fatalf("Load = %+v, want one image named %s", imgs, offlineRef)
 	}
-	got, err := s.Resolve(ctx, offlineRef, nil, nil)
+	got, err := s.Resolve(ctx, wsA, offlineRef, nil, nil)
 	if err != nil {
 		t.Fatalf("Resolve after Load: %v", err)
 	}
@@ -54,14 +54,14 @@ func TestLoadDockerArchive(t *testing.T) {
 	// Loading the same archive again is idempotent: same synthetic digest,
 	// no new unpacks.
 	before := s.unpacks.Load()
-	again, err := s.Load(ctx, path, "other/name:2")
+	again, err := s.Load(ctx, wsA, path, "other/name:2")
 	if err != nil || again[0].Digest != got.Digest || s.unpacks.Load() != before {
 		t.Fatalf("reload: %v, digest %s vs %s, %d new unpacks", err, again[0].Digest, got.Digest, s.unpacks.Load()-before)
 	}
 	if again[0].Ref != "index.docker.io/other/name:2" {
 		t.Errorf("override ref = %q", again[0].Ref)
 	}
-	if _, err := s.Resolve(ctx, "other/name:2", nil, nil); err != nil {
+	if _, err := s.Resolve(ctx, wsA, "other/name:2", nil, nil); err != nil {
 		t.Errorf("Resolve(override name): %v", err)
 	}
 }
@@ -79,7 +79,7 @@ func TestLoadGzippedDockerArchive(t *testing.T) {
 	zw.Close()
 	out.Close()
 	in.Close()
-	imgs, err := newStore(t).Load(context.Background(), gz, "")
+	imgs, err := newStore(t).Load(context.Background(), wsA, gz, "")
 	if err != nil || len(imgs) != 1 {
 		t.Fatalf("Load(gzip): %v", err)
 	}
@@ -91,14 +91,14 @@ func TestLoadOCIArchive(t *testing.T) {
 	stack := overlayStack(t)
 	s := newStore(t)
 	ctx := context.Background()
-	imgs, err := s.Load(ctx, imagetest.WriteOCIArchive(t, stack), offlineRef)
+	imgs, err := s.Load(ctx, wsA, imagetest.WriteOCIArchive(t, stack), offlineRef)
 	if err != nil {
 		t.Fatalf("Load: %v", err)
 	}
 	if len(imgs) != 1 || imgs[0].Digest != digestOf(t, stack) {
 		t.Fatalf("Load = %+v, want digest %s (OCI keeps the real manifest)", imgs, digestOf(t, stack))
 	}
-	got, err := s.Resolve(ctx, offlineRef, nil, nil)
+	got, err := s.Resolve(ctx, wsA, offlineRef, nil, nil)
 	if err != nil {
 		t.Fatalf("Resolve after Load: %v", err)
 	}
@@ -109,11 +109,11 @@ func TestLoadOCILayoutDirWithNames(t *testing.T) {
 	requireRoot(t)
 	dir := imagetest.WriteOCILayout(t, overlayStack(t), offlineRef)
 	s := newStore(t)
-	imgs, err := s.Load(context.Background(), dir, "")
+	imgs, err := s.Load(context.Background(), wsA, dir, "")
 	if err != nil || len(imgs) != 1 || imgs[0].Ref != offlineRef {
 		t.Fatalf("Load(dir) = %+v, %v; want named %s from annotation", imgs, err, offlineRef)
 	}
-	if _, err := s.Resolve(context.Background(), offlineRef, nil, nil); err != nil {
+	if _, err := s.Resolve(context.Background(), wsA, offlineRef, nil, nil); err != nil {
 		t.Fatalf("Resolve after Load: %v", err)
 	}
 }
@@ -121,15 +121,15 @@ func TestLoadOCILayoutDirWithNames(t *testing.T) {
 func TestLoadErrors(t *testing.T) {
 	s := newStore(t)
 	ctx := context.Background()
-	if _, err := s.Load(ctx, filepath.Join(t.TempDir(), "nope.tar"), ""); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Load(ctx, wsA, filepath.Join(t.TempDir(), "nope.tar"), ""); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Load(missing) = %v, want ErrNotFound", err)
 	}
 	junk := filepath.Join(t.TempDir(), "junk.tar")
 	os.WriteFile(junk, imagetest.TarBytes(t, imagetest.File("hello", 0o644, "x")), 0o644)
-	if _, err := s.Load(ctx, junk, ""); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := s.Load(ctx, wsA, junk, ""); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("Load(non-image tar) = %v, want ErrInvalid", err)
 	}
-	if _, err := s.Load(ctx, junk, "Bad Name!"); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := s.Load(ctx, wsA, junk, "Bad Name!"); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("Load(bad name) = %v, want ErrInvalid", err)
 	}
 }

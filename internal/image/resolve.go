@@ -22,19 +22,24 @@ import (
 // narrowed to it.
 var Platform = v1.Platform{OS: "linux", Architecture: "amd64"}
 
-// Resolve returns the image for ref, pulling it only if it is not already
-// local. Local names (previous pulls and loaded archives) always win over
-// the registry, so a loaded image resolves without network. ref may also be
-// a bare manifest digest ("sha256:…") of a stored image.
+// Resolve returns the image ref names for workspace ws, pulling it only if
+// ws does not already have it. ws's own names (its earlier pulls and
+// loads) win over the registry, so a loaded image resolves without
+// network; another workspace's names and pulls are never consulted. ref
+// may also be a bare manifest digest ("sha256:…") of an image ws holds.
 //
 // auth nil means anonymous. progress, if non-nil, is called from the
 // pulling goroutines (serialised) as compressed layer bytes arrive.
-// Errors wrap errdefs.ErrInvalid (bad ref), ErrNotFound (no such image or
-// platform), ErrUnauthorized (credentials refused) or ErrUnavailable
-// (registry unreachable).
-func (s *Store) Resolve(ctx context.Context, ref string, auth authn.Authenticator, progress func(Progress)) (*Image, error) {
-	if isDigest(ref) {
-		img, err := s.imageByDigest("", ref)
+// The caller must Release the image once it has recorded its layers.
+// Errors wrap errdefs.ErrInvalid (bad ref, or an image over a cap),
+// ErrNotFound (no such image or platform), ErrUnauthorized (credentials
+// refused) or ErrUnavailable (registry unreachable).
+func (s *Store) Resolve(ctx context.Context, ws, ref string, auth authn.Authenticator, progress func(Progress)) (*Image, error) {
+	if IsDigest(ref) {
+		img, err := s.byDigest(ws, ref)
+		if err == nil {
+			img, err = s.hold(img)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("resolve image %s: %w", ref, err)
 		}
@@ -48,43 +53,52 @@ func (s *Store) Resolve(ctx context.Context, ref string, auth authn.Authenticato
 	if auth == nil {
 		auth = authn.Anonymous
 	}
-	if img, private, err := s.lookup(canon); err == nil {
+	if img, private, err := s.lookup(ws, canon); err == nil {
 		if private {
 			if err := s.checkAccess(ctx, r, auth, img.Digest); err != nil {
 				return nil, fmt.Errorf("resolve image %s: %w", ref, err)
 			}
+		}
+		if img, err = s.hold(img); err != nil {
+			return nil, fmt.Errorf("resolve image %s: %w", ref, err)
 		}
 		return img, nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, fmt.Errorf("resolve image %s: %w", ref, err)
 	}
 	if d, ok := r.(name.Digest); ok {
-		if img, err := s.imageByDigest(canon, d.DigestStr()); err == nil {
-			return img, nil
+		if img, err := s.byDigest(ws, d.DigestStr()); err == nil {
+			if img, err = s.hold(img); err == nil {
+				img.Ref = canon
+				return img, nil
+			}
 		}
 	}
-	img, err := s.pull(ctx, r, auth, progress)
+	img, err := s.pull(ctx, ws, r, auth, progress)
 	if err != nil {
 		return nil, fmt.Errorf("pull image %s: %w", ref, err)
-	}
-	if auth != authn.Anonymous {
-		if err := s.markPrivate(canon, img.Digest); err != nil {
-			return nil, fmt.Errorf("record private image %s: %w", ref, err)
-		}
 	}
 	return img, nil
 }
 
-// checkAccess asks the registry, with the caller's credentials, for the
-// manifest of a privately pulled image before its cached layers are handed
-// out: a workspace must not get another workspace's private image just
-// because it is cached. The manifest digest must still match the cache.
-func (s *Store) checkAccess(ctx context.Context, r name.Reference, auth authn.Authenticator, digest string) error {
-	opts := []remote.Option{remote.WithContext(ctx), remote.WithAuth(auth), remote.WithPlatform(Platform)}
+// remoteOptions are the registry options for reaching r with auth.
+func (s *Store) remoteOptions(ctx context.Context, r name.Reference, auth authn.Authenticator) []remote.Option {
+	var base http.RoundTripper = remote.DefaultTransport
 	if s.isInsecure(r.Context().RegistryStr()) {
-		opts = append(opts, remote.WithTransport(insecureTransport()))
+		base = insecureTransport()
 	}
-	img, err := remote.Image(r, opts...)
+	return []remote.Option{
+		remote.WithContext(ctx), remote.WithAuth(auth), remote.WithPlatform(Platform),
+		remote.WithTransport(manifestCapTransport{base: base}),
+	}
+}
+
+// checkAccess asks the registry, with the caller's credentials, for the
+// manifest of a privately pulled image before its stored layers are handed
+// out: credentials the registry no longer accepts do not keep working
+// through the store. The manifest digest must still match.
+func (s *Store) checkAccess(ctx context.Context, r name.Reference, auth authn.Authenticator, digest string) error {
+	img, err := remote.Image(r, s.remoteOptions(ctx, r, auth)...)
 	if err != nil {
 		return fmt.Errorf("check access to private image: %w", classify(err))
 	}
@@ -93,22 +107,14 @@ func (s *Store) checkAccess(ctx context.Context, r name.Reference, auth authn.Au
 		return fmt.Errorf("check access to private image: %w", classify(err))
 	}
 	if got.String() != digest {
-		return fmt.Errorf("private image moved to %s since it was cached (%s): remove it from the store to pull again: %w", got, digest, errdefs.ErrConflict)
+		return fmt.Errorf("private image moved to %s since it was pulled (%s): remove it from the store to pull again: %w", got, digest, errdefs.ErrConflict)
 	}
 	return nil
 }
 
-func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authenticator, progress func(Progress)) (*Image, error) {
-	opts := []remote.Option{
-		remote.WithContext(ctx),
-		remote.WithAuth(auth),
-		remote.WithPlatform(Platform),
-	}
-	if s.isInsecure(r.Context().RegistryStr()) {
-		opts = append(opts, remote.WithTransport(insecureTransport()))
-	}
-	s.log.Info("image: pulling", "ref", r.Name())
-	img, err := remote.Image(r, opts...)
+func (s *Store) pull(ctx context.Context, ws string, r name.Reference, auth authn.Authenticator, progress func(Progress)) (*Image, error) {
+	s.log.Info("image: pulling", "ref", r.Name(), "workspace", ws)
+	img, err := remote.Image(r, s.remoteOptions(ctx, r, auth)...)
 	if err != nil {
 		return nil, classify(err)
 	}
@@ -116,7 +122,7 @@ func (s *Store) pull(ctx context.Context, r name.Reference, auth authn.Authentic
 	if err != nil {
 		return nil, classify(err)
 	}
-	out, err := s.ingest(ctx, src, []string{r.Name()}, true, progress)
+	out, err := s.ingest(ctx, src, ingestTarget{ws: ws, refs: []string{r.Name()}, private: auth != authn.Anonymous, fromRegistry: true}, progress)
 	if err != nil {
 		return nil, classify(err)
 	}

@@ -11,13 +11,20 @@
 //	layers/sha256/<hex>.json sidecar: the layer's uncompressed size
 //	blobs/sha256/<hex>       raw manifests and image configs
 //	images/<hex>.json        one record per image, keyed by manifest digest
-//	refs/<sha256(ref)>.json  name → manifest digest (pulls and loads)
+//	refs/<sha256(ws,ref)>.json  one workspace's name → manifest digest
 //	tmp/                     staging; anything here is garbage at startup
+//	version                  layout version ("2": names are per workspace)
 //
 // Invariants: a layer directory appears only through an atomic rename of a
 // fully unpacked, diffID-verified staging directory, and an image record or
 // ref is written only after all of its layers are present. So a reader that
-// sees a ref may use every layer it names without locking.
+// sees a ref may use every layer it names without locking. Layers are
+// shared on disk by every workspace (content-addressed), but a workspace
+// reaches an image only through its own refs, and reuses a layer it does
+// not already hold only after the layer's bytes, from its own source, hash
+// to the same diffID. GC deletes what no ref, no snapshot and no caller
+// holding a resolved image uses. What one pull or load may unpack is
+// capped (Limits), and its manifest and config are read through caps.
 package image
 
 import (
@@ -56,6 +63,38 @@ type Image struct {
 	Config protocol.RunConfig
 	// Size is the sum of the layers' uncompressed tar sizes in bytes.
 	Size int64
+
+	// release unpins Layers (see Release); nil once released.
+	release func()
+}
+
+// Release ends the caller's hold on the image's layers. Until then GC
+// keeps them even if the image loses its last name, so a caller that
+// records the layers elsewhere (a snapshot) releases only after recording
+// them. Safe to call more than once.
+func (img *Image) Release() {
+	if img != nil && img.release != nil {
+		img.release()
+		img.release = nil
+	}
+}
+
+// hold pins img's layers for its caller and checks they are still there
+// (GC may have taken them just before the pin).
+func (s *Store) hold(img *Image) (*Image, error) {
+	diffIDs := make([]string, len(img.Layers))
+	for i, dir := range img.Layers {
+		diffIDs[i] = "sha256:" + filepath.Base(dir)
+	}
+	unpin := s.pin(diffIDs)
+	for _, dir := range img.Layers {
+		if _, err := os.Stat(dir); err != nil {
+			unpin()
+			return nil, fmt.Errorf("image %s: layer %s: %w", img.Digest, filepath.Base(dir), errdefs.ErrNotFound)
+		}
+	}
+	img.release = unpin
+	return img, nil
 }
 
 // Progress reports bytes of layer data transferred during a pull (or read
@@ -96,11 +135,18 @@ type Store struct {
 	log      *slog.Logger
 	insecure map[string]bool
 
-	// index serialises writes to refs/ and images/ against Remove.
+	limits Limits
+
+	// index serialises writes to refs/ and images/ (commit, Remove, GC).
 	index sync.Mutex
 
 	locksMu sync.Mutex
 	locks   map[string]chan struct{} // per-diffID unpack locks
+	// pins counts the ingests using each diffID, from before they look
+	// for the layer until their image is recorded. GC deletes a layer only
+	// while holding its lock and seeing no pin, so it never deletes one an
+	// ingest has found present but not yet recorded.
+	pins map[string]int
 
 	unpacks atomic.Int64 // layers unpacked by this Store; for tests
 }
@@ -117,6 +163,7 @@ func NewStore(root string, opts ...Option) (*Store, error) {
 		log:      slog.Default(),
 		insecure: map[string]bool{},
 		locks:    map[string]chan struct{}{},
+		pins:     map[string]int{},
 	}
 	for _, o := range opts {
 		o(s)
@@ -136,13 +183,17 @@ func NewStore(root string, opts ...Option) (*Store, error) {
 			return nil, fmt.Errorf("image store: chmod %s: %w", d, err)
 		}
 	}
+	if err := s.migrate(); err != nil {
+		return nil, fmt.Errorf("image store: %w", err)
+	}
 	return s, nil
 }
 
 // Root returns the store's absolute root directory.
 func (s *Store) Root() string { return s.root }
 
-// record is the on-disk form of an image (images/<hex>.json).
+// record is the on-disk form of an image (images/<hex>.json). Its run
+// config is kept here once; snapshots copy only what they need.
 type record struct {
 	Digest  string             `json:"digest"`
 	Config  string             `json:"config"`
@@ -151,13 +202,19 @@ type record struct {
 	Run     protocol.RunConfig `json:"run_config"`
 }
 
-// refEntry is the on-disk form of a name (refs/<sha256(ref)>.json).
+// refEntry is the on-disk form of one workspace's name for an image
+// (refs/<sha256(workspace, name)>.json). Names are per workspace: a
+// workspace may use an image only through an entry of its own, so one
+// workspace's loads never shadow another's names and a digest another
+// workspace pulled is unknown to it. An image loaded without a name gets
+// an entry with an empty Ref, keyed by its digest.
 type refEntry struct {
-	Ref    string `json:"ref"`
-	Digest string `json:"digest"`
-	// Private marks a ref pulled with credentials. The store is shared by
-	// every workspace, so a later Resolve of it must prove, with its own
-	// credentials, that the registry would let it pull the image too.
+	Workspace string `json:"workspace"`
+	Ref       string `json:"ref,omitempty"`
+	Digest    string `json:"digest"`
+	// Private marks an image pulled with credentials: a later Resolve of
+	// the name must prove, with its own credentials, that the registry
+	// still lets the caller pull it.
 	Private bool `json:"private,omitempty"`
 }
 
@@ -180,9 +237,18 @@ func (s *Store) layerDir(diffID string) (string, error) {
 	return filepath.Join(s.root, "layers", "sha256", h), nil
 }
 
-func (s *Store) refPath(ref string) string {
-	sum := sha256.Sum256([]byte(ref))
+// refPath is where workspace ws's entry for name (a canonical ref, or a
+// digest for an untagged image) lives.
+func (s *Store) refPath(ws, name string) string {
+	sum := sha256.Sum256([]byte(ws + "\x00" + name))
 	return filepath.Join(s.root, "refs", hex.EncodeToString(sum[:])+".json")
+}
+
+func (s *Store) entryPath(e refEntry) string {
+	if e.Ref == "" {
+		return s.refPath(e.Workspace, e.Digest)
+	}
+	return s.refPath(e.Workspace, e.Ref)
 }
 
 // writeFileAtomic writes data to path via a staging file and rename, so
@@ -239,9 +305,10 @@ func (s *Store) putBlob(digest string, data []byte) error {
 	return s.writeFileAtomic(p, data)
 }
 
-// commit records an image whose layers are all present, and points refs at
-// it. It is the only writer of images/ and refs/ besides Remove.
-func (s *Store) commit(rec *record, refs []string) error {
+// commit records an image whose layers are all present and names it in
+// workspace ws: one entry per ref, or an untagged entry when refs is empty.
+// It is the only writer of images/ and refs/ besides Remove and GC.
+func (s *Store) commit(rec *record, ws string, refs []string, private bool) error {
 	h, err := hexOf(rec.Digest)
 	if err != nil {
 		return err
@@ -251,17 +318,22 @@ func (s *Store) commit(rec *record, refs []string) error {
 	if err := s.writeJSON(filepath.Join(s.root, "images", h+".json"), rec); err != nil {
 		return fmt.Errorf("write image record %s: %w", rec.Digest, err)
 	}
-	for _, r := range refs {
-		if err := s.writeJSON(s.refPath(r), refEntry{Ref: r, Digest: rec.Digest}); err != nil {
-			return fmt.Errorf("write ref %s: %w", r, err)
+	entries := []refEntry{{Workspace: ws, Digest: rec.Digest, Private: private}}
+	if len(refs) > 0 {
+		entries = entries[:0]
+		for _, r := range refs {
+			entries = append(entries, refEntry{Workspace: ws, Ref: r, Digest: rec.Digest, Private: private})
+		}
+	}
+	for _, e := range entries {
+		if err := s.writeJSON(s.entryPath(e), e); err != nil {
+			return fmt.Errorf("write ref %s: %w", e.Ref, err)
 		}
 	}
 	return nil
 }
 
-// imageByDigest builds an Image from its record, checking that every layer
-// is still present. A missing record or layer yields ErrNotFound.
-func (s *Store) imageByDigest(ref, digest string) (*Image, error) {
+func (s *Store) readRecord(digest string) (*record, error) {
 	h, err := hexOf(digest)
 	if err != nil {
 		return nil, err
@@ -269,6 +341,17 @@ func (s *Store) imageByDigest(ref, digest string) (*Image, error) {
 	var rec record
 	if err := readJSON(filepath.Join(s.root, "images", h+".json"), &rec); err != nil {
 		return nil, fmt.Errorf("image %s: %w", digest, err)
+	}
+	return &rec, nil
+}
+
+// imageByDigest builds an Image from its record, checking that every layer
+// is still present. A missing record or layer yields ErrNotFound. It does
+// not check who may use the image: callers go through entries first.
+func (s *Store) imageByDigest(ref, digest string) (*Image, error) {
+	rec, err := s.readRecord(digest)
+	if err != nil {
+		return nil, err
 	}
 	img := &Image{Ref: ref, Digest: rec.Digest, Config: rec.Run, Size: rec.Size}
 	for _, d := range rec.DiffIDs {
@@ -284,57 +367,62 @@ func (s *Store) imageByDigest(ref, digest string) (*Image, error) {
 	return img, nil
 }
 
-// lookup returns the locally stored image for a canonical ref and whether
-// it was pulled with credentials, or an error wrapping ErrNotFound.
-func (s *Store) lookup(ref string) (*Image, bool, error) {
+// lookup returns workspace ws's image named by canonical ref and whether it
+// was pulled with credentials, or an error wrapping ErrNotFound.
+func (s *Store) lookup(ws, ref string) (*Image, bool, error) {
 	var e refEntry
-	if err := readJSON(s.refPath(ref), &e); err != nil {
+	if err := readJSON(s.refPath(ws, ref), &e); err != nil {
 		return nil, false, fmt.Errorf("ref %s: %w", ref, err)
+	}
+	if e.Workspace != ws || e.Ref != ref {
+		return nil, false, fmt.Errorf("ref %s: %w", ref, errdefs.ErrNotFound)
 	}
 	img, err := s.imageByDigest(ref, e.Digest)
 	return img, e.Private, err
 }
 
-// markPrivate records that ref was pulled with credentials.
-func (s *Store) markPrivate(ref, digest string) error {
-	s.index.Lock()
-	defer s.index.Unlock()
-	return s.writeJSON(s.refPath(ref), refEntry{Ref: ref, Digest: digest, Private: true})
-}
-
-// List returns every locally stored image: one entry per ref, plus one
-// entry with an empty Ref for each image no ref points to. Sorted by Ref,
-// then Digest.
-func (s *Store) List(ctx context.Context) ([]*Image, error) {
-	refs, err := s.refs()
+// byDigest returns the image with manifest digest if workspace ws holds it
+// under any name; otherwise ErrNotFound, exactly as for a digest no one has,
+// so a digest's presence in the shared store does not leak across
+// workspaces.
+func (s *Store) byDigest(ws, digest string) (*Image, error) {
+	entries, err := s.entries(ws)
 	if err != nil {
 		return nil, err
 	}
-	var out []*Image
+	for _, e := range entries {
+		if e.Digest == digest {
+			return s.imageByDigest("", digest)
+		}
+	}
+	return nil, fmt.Errorf("image %s: %w", digest, errdefs.ErrNotFound)
+}
+
+// List returns the images workspace ws may use: one entry per name, plus
+// one with an empty Ref for each image it holds only untagged. Sorted by
+// Ref, then Digest.
+func (s *Store) List(ctx context.Context, ws string) ([]*Image, error) {
+	entries, err := s.entries(ws)
+	if err != nil {
+		return nil, err
+	}
 	named := map[string]bool{}
-	for _, e := range refs {
+	for _, e := range entries {
+		if e.Ref != "" {
+			named[e.Digest] = true
+		}
+	}
+	var out []*Image
+	for _, e := range entries {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
+		if e.Ref == "" && named[e.Digest] {
+			continue
+		}
 		img, err := s.imageByDigest(e.Ref, e.Digest)
 		if err != nil {
-			s.log.Warn("image list: skipping broken ref", "ref", e.Ref, "err", err)
-			continue
-		}
-		named[e.Digest] = true
-		out = append(out, img)
-	}
-	recs, err := os.ReadDir(filepath.Join(s.root, "images"))
-	if err != nil {
-		return nil, fmt.Errorf("list images: %w", err)
-	}
-	for _, de := range recs {
-		h, ok := strings.CutSuffix(de.Name(), ".json")
-		if !ok || named["sha256:"+h] {
-			continue
-		}
-		img, err := s.imageByDigest("", "sha256:"+h)
-		if err != nil {
+			s.log.Warn("image list: skipping broken ref", "ref", e.Ref, "digest", e.Digest, "err", err)
 			continue
 		}
 		out = append(out, img)
@@ -348,7 +436,8 @@ func (s *Store) List(ctx context.Context) ([]*Image, error) {
 	return out, nil
 }
 
-func (s *Store) refs() ([]refEntry, error) {
+// entries lists workspace ws's names ("" lists every workspace's).
+func (s *Store) entries(ws string) ([]refEntry, error) {
 	des, err := os.ReadDir(filepath.Join(s.root, "refs"))
 	if err != nil {
 		return nil, fmt.Errorf("list refs: %w", err)
@@ -359,60 +448,122 @@ func (s *Store) refs() ([]refEntry, error) {
 		if err := readJSON(filepath.Join(s.root, "refs", de.Name()), &e); err != nil {
 			continue // removed concurrently
 		}
-		out = append(out, e)
+		if ws == "" || e.Workspace == ws {
+			out = append(out, e)
+		}
 	}
 	return out, nil
 }
 
-// Remove forgets ref. Given a tag or name it removes just that name; given a
-// bare manifest digest ("sha256:…") it removes the image record and every
-// name pointing at it. Layer directories are kept (they may be shared and
-// mounted); a missing ref is ErrNotFound.
-func (s *Store) Remove(ctx context.Context, ref string) error {
+// Remove forgets one of workspace ws's names. Given a tag or name it
+// removes just that name; given a bare manifest digest ("sha256:…") it
+// removes every name of ws pointing at that image. A name ws does not have
+// is ErrNotFound. Nothing is freed on disk until GC.
+func (s *Store) Remove(ctx context.Context, ws, ref string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.index.Lock()
-	defer s.index.Unlock()
-	if isDigest(ref) {
-		h, _ := hexOf(ref)
-		rec := filepath.Join(s.root, "images", h+".json")
-		if _, err := os.Stat(rec); err != nil {
-			return fmt.Errorf("remove image %s: %w", ref, errdefs.ErrNotFound)
-		}
-		refs, err := s.refs()
+	var victims []refEntry
+	if IsDigest(ref) {
+		entries, err := s.entries(ws)
 		if err != nil {
 			return err
 		}
-		for _, e := range refs {
+		for _, e := range entries {
 			if e.Digest == ref {
-				if err := os.Remove(s.refPath(e.Ref)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					return fmt.Errorf("remove ref %s: %w", e.Ref, err)
-				}
+				victims = append(victims, e)
 			}
 		}
-		if err := os.Remove(rec); err != nil {
+	} else {
+		canon, err := s.canonical(ref)
+		if err != nil {
 			return fmt.Errorf("remove image %s: %w", ref, err)
 		}
-		return nil
+		victims = append(victims, refEntry{Workspace: ws, Ref: canon})
 	}
-	canon, err := s.canonical(ref)
-	if err != nil {
-		return fmt.Errorf("remove image %s: %w", ref, err)
-	}
-	if err := os.Remove(s.refPath(canon)); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("remove image %s: %w", ref, errdefs.ErrNotFound)
+	s.index.Lock()
+	defer s.index.Unlock()
+	removed := 0
+	for _, e := range victims {
+		err := os.Remove(s.entryPath(e))
+		if err == nil {
+			removed++
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove image %s: %w", ref, err)
 		}
-		return fmt.Errorf("remove image %s: %w", ref, err)
+	}
+	if removed == 0 {
+		return fmt.Errorf("remove image %s: %w", ref, errdefs.ErrNotFound)
 	}
 	return nil
 }
 
-// isDigest reports whether ref is a bare manifest digest ("sha256:<hex>").
-func isDigest(ref string) bool {
+// Usage is the unpacked size of the images workspace ws holds, each layer
+// counted once: what the workspace's images cost on disk, to be counted
+// against its storage quota. Layers shared with other workspaces count for
+// each of them.
+func (s *Store) Usage(ctx context.Context, ws string) (int64, error) {
+	entries, err := s.entries(ws)
+	if err != nil {
+		return 0, err
+	}
+	seen := map[string]bool{}
+	var total int64
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		if seen[e.Digest] {
+			continue
+		}
+		seen[e.Digest] = true
+		rec, err := s.readRecord(e.Digest)
+		if err != nil {
+			continue // removed concurrently
+		}
+		for _, d := range rec.DiffIDs {
+			if seen[d] {
+				continue
+			}
+			seen[d] = true
+			if dir, err := s.layerDir(d); err == nil {
+				size, _ := s.haveLayer(dir)
+				total += size
+			}
+		}
+	}
+	return total, nil
+}
+
+// IsDigest reports whether ref is a bare manifest digest ("sha256:<hex>"),
+// which names only an image the workspace already holds.
+func IsDigest(ref string) bool {
 	_, err := hexOf(ref)
 	return err == nil
+}
+
+// pin marks diffIDs as used by an ingest; the returned func unpins them.
+func (s *Store) pin(diffIDs []string) func() {
+	s.locksMu.Lock()
+	for _, d := range diffIDs {
+		s.pins[d]++
+	}
+	s.locksMu.Unlock()
+	return func() {
+		s.locksMu.Lock()
+		for _, d := range diffIDs {
+			if s.pins[d]--; s.pins[d] == 0 {
+				delete(s.pins, d)
+			}
+		}
+		s.locksMu.Unlock()
+	}
+}
+
+func (s *Store) pinned(diffID string) bool {
+	s.locksMu.Lock()
+	defer s.locksMu.Unlock()
+	return s.pins[diffID] > 0
 }
 
 // lockLayer takes the per-diffID unpack lock, honouring ctx while waiting.

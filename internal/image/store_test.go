@@ -28,6 +28,12 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/image/imagetest"
 )
 
+// Workspaces the tests act as.
+const (
+	wsA = "ws-a"
+	wsB = "ws-b"
+)
+
 func newStore(t *testing.T) *Store {
 	t.Helper()
 	s, err := NewStore(filepath.Join(t.TempDir(), "images"), WithLogger(slog.New(slog.DiscardHandler)))
@@ -68,7 +74,7 @@ func TestResolvePullsBusybox(t *testing.T) {
 
 	var last Progress
 	calls := 0
-	got, err := s.Resolve(context.Background(), ref, nil, func(p Progress) { last = p; calls++ })
+	got, err := s.Resolve(context.Background(), wsA, ref, nil, func(p Progress) { last = p; calls++ })
 	if err != nil {
 		t.Fatalf("Resolve: %v", err)
 	}
@@ -105,12 +111,12 @@ func TestResolvePullsBusybox(t *testing.T) {
 
 	// Second resolve is served locally.
 	before := requests.Load()
-	again, err := s.Resolve(context.Background(), ref, nil, nil)
+	again, err := s.Resolve(context.Background(), wsA, ref, nil, nil)
 	if err != nil || again.Digest != got.Digest || requests.Load() != before {
 		t.Errorf("second Resolve: %v, digest %s, %d new requests; want local hit", err, again.Digest, requests.Load()-before)
 	}
 	// So is the bare digest.
-	if byDigest, err := s.Resolve(context.Background(), got.Digest, nil, nil); err != nil || byDigest.Layers[0] != root {
+	if byDigest, err := s.Resolve(context.Background(), wsA, got.Digest, nil, nil); err != nil || byDigest.Layers[0] != root {
 		t.Errorf("Resolve(digest): %v", err)
 	}
 }
@@ -146,7 +152,7 @@ func TestOverlayViewOfWhiteoutsAndOpaqueDirs(t *testing.T) {
 	host := imagetest.StartRegistry(t)
 	ref := imagetest.Push(t, host, "test/overlay:1", overlayStack(t))
 	s := newStore(t)
-	img, err := s.Resolve(context.Background(), ref, nil, nil)
+	img, err := s.Resolve(context.Background(), wsA, ref, nil, nil)
 	if err != nil {
 		t.Fatalf("Resolve: %v", err)
 	}
@@ -197,7 +203,7 @@ func TestResolveZstdLayer(t *testing.T) {
 	}
 	host := imagetest.StartRegistry(t)
 	ref := imagetest.Push(t, host, "test/zstd:1", imagetest.Image(t, v1.Config{}, l))
-	img, err := newStore(t).Resolve(context.Background(), ref, nil, nil)
+	img, err := newStore(t).Resolve(context.Background(), wsA, ref, nil, nil)
 	if err != nil {
 		t.Fatalf("Resolve: %v", err)
 	}
@@ -213,20 +219,20 @@ func TestResolveErrors(t *testing.T) {
 	ctx := context.Background()
 	for _, ref := range []string{host + "/test/missing:1", host + "/test/exists:nope",
 		host + "/test/exists@sha256:" + strings.Repeat("0", 64)} {
-		if _, err := s.Resolve(ctx, ref, nil, nil); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, err := s.Resolve(ctx, wsA, ref, nil, nil); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("Resolve(%s) = %v, want ErrNotFound", ref, err)
 		}
 	}
 	for _, ref := range []string{"Bad Ref!", "a:b:c", ""} {
-		if _, err := s.Resolve(ctx, ref, nil, nil); !errors.Is(err, errdefs.ErrInvalid) {
+		if _, err := s.Resolve(ctx, wsA, ref, nil, nil); !errors.Is(err, errdefs.ErrInvalid) {
 			t.Errorf("Resolve(%q) = %v, want ErrInvalid", ref, err)
 		}
 	}
-	if _, err := s.Resolve(ctx, "sha256:"+strings.Repeat("1", 64), nil, nil); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Resolve(ctx, wsA, "sha256:"+strings.Repeat("1", 64), nil, nil); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Resolve(unknown digest) = %v, want ErrNotFound", err)
 	}
 	// Nothing listens on port 1.
-	if _, err := s.Resolve(ctx, "127.0.0.1:1/x/y:z", nil, nil); !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := s.Resolve(ctx, wsA, "127.0.0.1:1/x/y:z", nil, nil); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("Resolve(dead registry) = %v, want ErrUnavailable", err)
 	}
 }
@@ -237,11 +243,11 @@ func TestResolveWithBasicAuth(t *testing.T) {
 	ref := imagetest.PushAuth(t, host, "private/app:1", overlayStack(t), "alice", "s3cret")
 	ctx := context.Background()
 	for _, auth := range []authn.Authenticator{nil, &authn.Basic{Username: "alice", Password: "wrong"}} {
-		if _, err := newStore(t).Resolve(ctx, ref, auth, nil); !errors.Is(err, errdefs.ErrUnauthorized) {
+		if _, err := newStore(t).Resolve(ctx, wsA, ref, auth, nil); !errors.Is(err, errdefs.ErrUnauthorized) {
 			t.Errorf("Resolve with %v = %v, want ErrUnauthorized", auth, err)
 		}
 	}
-	img, err := newStore(t).Resolve(ctx, ref, &authn.Basic{Username: "alice", Password: "s3cret"}, nil)
+	img, err := newStore(t).Resolve(ctx, wsA, ref, &authn.Basic{Username: "alice", Password: "s3cret"}, nil)
 	if err != nil || len(img.Layers) != 2 {
 		t.Fatalf("Resolve with right creds: %v", err)
 	}
@@ -257,16 +263,16 @@ func TestPrivateImageCacheNeedsCredentials(t *testing.T) {
 	ctx := context.Background()
 	s := newStore(t)
 	good := &authn.Basic{Username: "alice", Password: "s3cret"}
-	first, err := s.Resolve(ctx, ref, good, nil)
+	first, err := s.Resolve(ctx, wsA, ref, good, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, auth := range []authn.Authenticator{nil, &authn.Basic{Username: "alice", Password: "wrong"}} {
-		if _, err := s.Resolve(ctx, ref, auth, nil); !errors.Is(err, errdefs.ErrUnauthorized) {
+		if _, err := s.Resolve(ctx, wsA, ref, auth, nil); !errors.Is(err, errdefs.ErrUnauthorized) {
 			t.Errorf("cached private image with %v: %v, want ErrUnauthorized", auth, err)
 		}
 	}
-	again, err := s.Resolve(ctx, ref, good, nil)
+	again, err := s.Resolve(ctx, wsA, ref, good, nil)
 	if err != nil || again.Digest != first.Digest || again.Layers[0] != first.Layers[0] {
 		t.Fatalf("cached private image with right creds: %+v %v", again, err)
 	}
@@ -284,7 +290,7 @@ func TestConcurrentResolveUnpacksOnce(t *testing.T) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { imgs[i], errs[i] = s.Resolve(context.Background(), ref, nil, nil) })
+		wg.Go(func() { imgs[i], errs[i] = s.Resolve(context.Background(), wsA, ref, nil, nil) })
 	}
 	wg.Wait()
 	for i := range n {
@@ -303,7 +309,7 @@ func TestConcurrentResolveUnpacksOnce(t *testing.T) {
 	layers, _ := stack.Layers()
 	extra := imagetest.Layer(t, imagetest.File("extra", 0o644, "e"))
 	ref2 := imagetest.Push(t, host, "test/child:1", imagetest.Image(t, v1.Config{}, layers[0], extra))
-	child, err := s.Resolve(context.Background(), ref2, nil, nil)
+	child, err := s.Resolve(context.Background(), wsA, ref2, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +323,7 @@ func TestRunConfigFromImageConfig(t *testing.T) {
 	cfg := v1.Config{User: "app", WorkingDir: "/work", Env: []string{"A=1", "B=x=y", "EMPTY=", "BARE"}}
 	host := imagetest.StartRegistry(t)
 	img := imagetest.Image(t, cfg, imagetest.Layer(t, imagetest.Dir("work/", 0o755)))
-	got, err := newStore(t).Resolve(context.Background(), imagetest.Push(t, host, "test/cfg:1", img), nil, nil)
+	got, err := newStore(t).Resolve(context.Background(), wsA, imagetest.Push(t, host, "test/cfg:1", img), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,32 +345,29 @@ func TestListAndRemove(t *testing.T) {
 	ref := imagetest.Push(t, host, "test/list:1", overlayStack(t))
 	s := newStore(t)
 	ctx := context.Background()
-	img, err := s.Resolve(ctx, ref, nil, nil)
+	img, err := s.Resolve(ctx, wsA, ref, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	list, err := s.List(ctx)
+	list, err := s.List(ctx, wsA)
 	if err != nil || len(list) != 1 || list[0].Ref != ref || list[0].Digest != img.Digest {
 		t.Fatalf("List = %v, %v; want [%s]", list, err, ref)
 	}
-	if err := s.Remove(ctx, ref); err != nil {
+	if err := s.Remove(ctx, wsA, ref); err != nil {
 		t.Fatalf("Remove: %v", err)
 	}
-	if err := s.Remove(ctx, ref); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := s.Remove(ctx, wsA, ref); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("second Remove = %v, want ErrNotFound", err)
 	}
-	// The image record survives as untagged until removed by digest.
-	if list, _ := s.List(ctx); len(list) != 1 || list[0].Ref != "" {
-		t.Errorf("List after Remove(ref) = %v, want one untagged image", list)
+	// Its only name gone, the workspace no longer holds the image.
+	if list, _ := s.List(ctx, wsA); len(list) != 0 {
+		t.Errorf("List after Remove(ref) = %v, want empty", list)
 	}
-	if err := s.Remove(ctx, img.Digest); err != nil {
-		t.Fatalf("Remove(digest): %v", err)
-	}
-	if list, _ := s.List(ctx); len(list) != 0 {
-		t.Errorf("List after Remove(digest) = %v, want empty", list)
+	if err := s.Remove(ctx, wsA, img.Digest); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Remove(digest) of an unnamed image = %v, want ErrNotFound", err)
 	}
 	if _, err := os.Stat(img.Layers[0]); err != nil {
-		t.Errorf("layer dir removed with the ref (%v); layers are kept", err)
+		t.Errorf("layer dir removed with the ref (%v); only GC frees layers", err)
 	}
 }
 
@@ -397,7 +400,7 @@ func TestCorruptLayerIsNotPublished(t *testing.T) {
 	bad := lyingLayer{imagetest.Layer(t, imagetest.File("f", 0o644, "x"))}
 	ref := imagetest.Push(t, host, "test/corrupt:1", imagetest.Image(t, v1.Config{}, bad))
 	s := newStore(t)
-	if _, err := s.Resolve(context.Background(), ref, nil, nil); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := s.Resolve(context.Background(), wsA, ref, nil, nil); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("Resolve = %v, want ErrInvalid (diff_id mismatch)", err)
 	}
 	for _, d := range []string{"layers/sha256", "tmp", "refs"} {
@@ -414,10 +417,10 @@ func TestResolveRefusesHostileLayer(t *testing.T) {
 	evil := imagetest.Layer(t, imagetest.File("../../../../evil-from-pull", 0o644, "x"))
 	ref := imagetest.Push(t, host, "test/evil:1", imagetest.Image(t, v1.Config{}, evil))
 	s := newStore(t)
-	if _, err := s.Resolve(context.Background(), ref, nil, nil); !errors.Is(err, errdefs.ErrInvalid) {
+	if _, err := s.Resolve(context.Background(), wsA, ref, nil, nil); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("Resolve = %v, want ErrInvalid (path traversal)", err)
 	}
-	if list, _ := s.List(context.Background()); len(list) != 0 {
+	if list, _ := s.List(context.Background(), wsA); len(list) != 0 {
 		t.Errorf("hostile image was recorded: %v", list)
 	}
 }

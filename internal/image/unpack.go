@@ -36,6 +36,9 @@ const (
 type unpacker struct {
 	rootFd int
 	log    *slog.Logger
+	// charge accounts bytes about to be written (content, plus entryCost
+	// per entry); an error stops the unpack.
+	charge func(int64) error
 	dirs   []dirTime // directory times, applied after all entries are written
 	buf    []byte
 }
@@ -48,13 +51,15 @@ type dirTime struct {
 // unpackLayer writes the layer tar stream r into dir, which must exist and
 // be empty. A hostile entry (absolute name, "..", hardlink out of the
 // layer) fails the whole layer with an error wrapping errdefs.ErrInvalid.
-func unpackLayer(ctx context.Context, r io.Reader, dir string, log *slog.Logger) error {
+// Every byte is charged before it is written (a sparse file's holes are
+// written as data, so they count), and charge's error ends the unpack.
+func unpackLayer(ctx context.Context, r io.Reader, dir string, charge func(int64) error, log *slog.Logger) error {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("open layer dir %s: %w", dir, err)
 	}
 	defer unix.Close(fd)
-	u := &unpacker{rootFd: fd, log: log, buf: make([]byte, 128<<10)}
+	u := &unpacker{rootFd: fd, log: log, charge: charge, buf: make([]byte, 128<<10)}
 	tr := tar.NewReader(r)
 	for {
 		if err := ctx.Err(); err != nil {
@@ -66,6 +71,9 @@ func unpackLayer(ctx context.Context, r io.Reader, dir string, log *slog.Logger)
 		}
 		if err != nil {
 			return fmt.Errorf("read tar: %w", err)
+		}
+		if err := u.charge(entryCost + paxBytes(hdr)); err != nil {
+			return err
 		}
 		if err := u.entry(hdr, tr); err != nil {
 			return fmt.Errorf("entry %q: %w", hdr.Name, err)
@@ -79,6 +87,15 @@ func unpackLayer(ctx context.Context, r io.Reader, dir string, log *slog.Logger)
 		}
 	}
 	return nil
+}
+
+// paxBytes is the size of an entry's PAX records, which may become xattrs.
+func paxBytes(hdr *tar.Header) int64 {
+	var n int64
+	for k, v := range hdr.PAXRecords {
+		n += int64(len(k) + len(v))
+	}
+	return n
 }
 
 // cleanName validates an archive path and returns it relative to the layer
@@ -349,7 +366,7 @@ func (u *unpacker) writeFile(pfd int, base string, r io.Reader) error {
 	if err != nil {
 		return fmt.Errorf("create: %w", err)
 	}
-	w := fdWriter(fd)
+	w := meteredWriter{w: fdWriter(fd), charge: u.charge}
 	_, err = io.CopyBuffer(w, r, u.buf)
 	if cerr := unix.Close(fd); err == nil {
 		err = cerr
@@ -358,6 +375,19 @@ func (u *unpacker) writeFile(pfd int, base string, r io.Reader) error {
 		return fmt.Errorf("write: %w", err)
 	}
 	return nil
+}
+
+// meteredWriter charges every write before making it.
+type meteredWriter struct {
+	w      io.Writer
+	charge func(int64) error
+}
+
+func (m meteredWriter) Write(p []byte) (int, error) {
+	if err := m.charge(int64(len(p))); err != nil {
+		return 0, err
+	}
+	return m.w.Write(p)
 }
 
 // fdWriter writes to a raw fd, retrying short writes.

@@ -32,7 +32,7 @@ func unpackEntries(t *testing.T, entries ...imagetest.Entry) (string, error) {
 		t.Fatal(err)
 	}
 	data := imagetest.TarBytes(t, entries...)
-	return dir, unpackLayer(context.Background(), bytes.NewReader(data), dir, slog.New(slog.DiscardHandler))
+	return dir, unpackLayer(context.Background(), bytes.NewReader(data), dir, func(int64) error { return nil }, slog.New(slog.DiscardHandler))
 }
 
 func lstat(t *testing.T, p string) *unix.Stat_t {

@@ -32,10 +32,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 )
 
-// ImageSource resolves an image reference to unpacked layers (the local
-// store first, then registries).
+// ImageSource resolves an image reference to unpacked layers for one
+// workspace (its own local images first, then registries). The caller
+// releases the image once its layers are recorded in a snapshot.
 type ImageSource interface {
-	Resolve(ctx context.Context, ref string, auth authn.Authenticator, progress func(image.Progress)) (*image.Image, error)
+	Resolve(ctx context.Context, workspaceID, ref string, auth authn.Authenticator, progress func(image.Progress)) (*image.Image, error)
 }
 
 // Credentials supplies pull credentials for snapshots that name a

@@ -36,6 +36,15 @@ func (m *Manager) CreateSnapshot(ctx context.Context, req protocol.CreateSnapsho
 	if err := validateSnapshotRequest(req, m.cfg.Limits); err != nil {
 		return nil, err
 	}
+	if image.IsDigest(req.DockerImage) {
+		// A bare digest names a local image or nothing: answer now, with
+		// the same 404 whether another workspace holds it or no one does.
+		img, err := m.cfg.Images.Resolve(ctx, p.WorkspaceID, req.DockerImage, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		img.Release()
+	}
 	if req.RegistryID != "" {
 		// Check the registry now, so a bad registry_id is a 422 rather
 		// than a snapshot that fails a moment later.
@@ -82,7 +91,7 @@ func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *p
 		cred, err = m.pullAuth(ctx, sn.WorkspaceID, sn.RegistryID, sn.DockerImage)
 	}
 	if err == nil {
-		img, err = m.cfg.Images.Resolve(ctx, sn.DockerImage, cred, func(pr image.Progress) {
+		img, err = m.cfg.Images.Resolve(ctx, sn.WorkspaceID, sn.DockerImage, cred, func(pr image.Progress) {
 			bp.total.Store(pr.Total)
 			bp.done.Store(pr.Complete)
 		})
@@ -98,6 +107,14 @@ func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *p
 	if err := m.cfg.Store.UpdateSnapshot(ctx, sn); err != nil {
 		m.log.Error("record snapshot build result", "snapshot", sn.ID, "err", err)
 	}
+	img.Release() // the layers are recorded: GC now sees the snapshot use them
+}
+
+// LayersInUse lists the layer directories that snapshots of every
+// workspace stack (and so every sandbox, each booted from one): the image
+// store's GC must keep them even when no image names them any more.
+func (m *Manager) LayersInUse(ctx context.Context) ([]string, error) {
+	return m.cfg.Store.LayersInUse(ctx)
 }
 
 // pullAuth returns the credentials of registry id for pulling ref.

@@ -2,7 +2,9 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,6 +101,13 @@ var migrations = []string{
 	// 4: a captured snapshot keeps its source's egress policy, which
 	// sandboxes created from it inherit.
 	`ALTER TABLE snapshots ADD COLUMN proxy_config TEXT;`,
+	// 5: run configs stored once, by content, not copied into every
+	// snapshot row (an image's Env can be large).
+	`CREATE TABLE run_configs (
+		id TEXT PRIMARY KEY,
+		body TEXT NOT NULL
+	);
+	ALTER TABLE snapshots ADD COLUMN run_config_id TEXT NOT NULL DEFAULT '';`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -212,35 +221,91 @@ func (s *SQLite) CountAPIKeys(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, proxy_config`
+const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config`
 
-// CreateSnapshot inserts a snapshot record.
-func (s *SQLite) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
-	rc, _ := json.Marshal(sn.RunConfig)
-	layers, _ := json.Marshal(sn.Layers)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
-		sn.ID, sn.WorkspaceID, sn.CreatedBy, sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest,
-		sn.RegistryID, sn.FSCapacityBytes, string(rc), string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt), sn.SourceSandboxID,
-		nullJSON(sn.ProxyConfig))
+// snapshotGet selects one snapshot with its run config (rows from before
+// migration 5 keep theirs inline in run_config).
+const snapshotGet = `SELECT s.id, s.workspace_id, s.created_by, s.name, s.status, s.status_message, s.docker_image, s.image_digest,
+	s.registry_id, s.fs_capacity_bytes, COALESCE(r.body, s.run_config), s.layers, s.created_at, s.updated_at, s.source_sandbox_id, s.run_config_id, s.proxy_config
+	FROM snapshots s LEFT JOIN run_configs r ON r.id = s.run_config_id`
+
+// snapshotList selects snapshots without their run configs, so a list
+// costs the same whatever the images' Env.
+const snapshotList = `SELECT id, workspace_id, created_by, name, status, status_message, docker_image, image_digest,
+	registry_id, fs_capacity_bytes, '{}', layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config FROM snapshots`
+
+// putRunConfig stores rc once by content and returns its id.
+func putRunConfig(ctx context.Context, tx *sql.Tx, rc protocol.RunConfig) (string, error) {
+	body, err := json.Marshal(rc)
 	if err != nil {
-		return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
+		return "", fmt.Errorf("encode run_config: %w", err)
+	}
+	sum := sha256.Sum256(body)
+	id := hex.EncodeToString(sum[:])
+	if _, err := tx.ExecContext(ctx, `INSERT OR IGNORE INTO run_configs(id, body) VALUES(?,?)`, id, string(body)); err != nil {
+		return "", fmt.Errorf("store run_config: %w", err)
+	}
+	return id, nil
+}
+
+// dropUnusedRunConfigs deletes run configs no snapshot refers to.
+func dropUnusedRunConfigs(ctx context.Context, tx *sql.Tx) error {
+	if _, err := tx.ExecContext(ctx, `DELETE FROM run_configs WHERE id NOT IN (SELECT run_config_id FROM snapshots)`); err != nil {
+		return fmt.Errorf("drop unused run_configs: %w", err)
 	}
 	return nil
 }
 
+// inTx runs fn in a transaction, committed when fn returns nil.
+func (s *SQLite) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
+// CreateSnapshot inserts a snapshot record.
+func (s *SQLite) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
+	layers, _ := json.Marshal(sn.Layers)
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		rcID, err := putRunConfig(ctx, tx, sn.RunConfig)
+		if err != nil {
+			return err
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+			sn.ID, sn.WorkspaceID, sn.CreatedBy, sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest,
+			sn.RegistryID, sn.FSCapacityBytes, "{}", string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt), sn.SourceSandboxID, rcID,
+			nullJSON(sn.ProxyConfig))
+		if err != nil {
+			return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
+		}
+		return nil
+	})
+}
+
 // UpdateSnapshot rewrites the mutable fields of a snapshot record.
 func (s *SQLite) UpdateSnapshot(ctx context.Context, sn *Snapshot) error {
-	rc, _ := json.Marshal(sn.RunConfig)
 	layers, _ := json.Marshal(sn.Layers)
-	res, err := s.db.ExecContext(ctx, `UPDATE snapshots SET name=?, status=?, status_message=?, image_digest=?, run_config=?, layers=?, updated_at=? WHERE id=?`,
-		sn.Name, sn.Status, sn.StatusMessage, sn.ImageDigest, string(rc), string(layers), fmtTime(sn.UpdatedAt), sn.ID)
-	if err != nil {
-		return fmt.Errorf("update snapshot %s: %w", sn.ID, err)
-	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("update snapshot %s: %w", sn.ID, errdefs.ErrNotFound)
-	}
-	return nil
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		rcID, err := putRunConfig(ctx, tx, sn.RunConfig)
+		if err != nil {
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE snapshots SET name=?, status=?, status_message=?, image_digest=?, run_config='{}', run_config_id=?, layers=?, updated_at=? WHERE id=?`,
+			sn.Name, sn.Status, sn.StatusMessage, sn.ImageDigest, rcID, string(layers), fmtTime(sn.UpdatedAt), sn.ID)
+		if err != nil {
+			return fmt.Errorf("update snapshot %s: %w", sn.ID, err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("update snapshot %s: %w", sn.ID, errdefs.ErrNotFound)
+		}
+		return dropUnusedRunConfigs(ctx, tx)
+	})
 }
 
 type scanner interface{ Scan(dest ...any) error }
@@ -279,9 +344,10 @@ func queryAll[T any](ctx context.Context, db *sql.DB, kind string, scan func(sca
 func scanSnapshot(row scanner) (*Snapshot, error) {
 	var sn Snapshot
 	var rc, layers, created, updated string
+	var rcID string
 	var proxy sql.NullString
 	if err := row.Scan(&sn.ID, &sn.WorkspaceID, &sn.CreatedBy, &sn.Name, &sn.Status, &sn.StatusMessage, &sn.DockerImage,
-		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated, &sn.SourceSandboxID, &proxy); err != nil {
+		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated, &sn.SourceSandboxID, &rcID, &proxy); err != nil {
 		return nil, err
 	}
 	if proxy.Valid {
@@ -299,12 +365,12 @@ func scanSnapshot(row scanner) (*Snapshot, error) {
 
 // GetSnapshot returns the snapshot with id in workspaceID.
 func (s *SQLite) GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error) {
-	return queryOne(ctx, s.db, "snapshot", scanSnapshot, id, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=? AND id=?`, workspaceID, id)
+	return queryOne(ctx, s.db, "snapshot", scanSnapshot, id, snapshotGet+` WHERE s.workspace_id=? AND s.id=?`, workspaceID, id)
 }
 
 // SnapshotByName returns the newest snapshot called name in workspaceID.
 func (s *SQLite) SnapshotByName(ctx context.Context, workspaceID, name string) (*Snapshot, error) {
-	return queryOne(ctx, s.db, "snapshot", scanSnapshot, name, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=? AND name=? ORDER BY created_at DESC LIMIT 1`, workspaceID, name)
+	return queryOne(ctx, s.db, "snapshot", scanSnapshot, name, snapshotGet+` WHERE s.workspace_id=? AND s.name=? ORDER BY s.created_at DESC LIMIT 1`, workspaceID, name)
 }
 
 func listClause(o ListOptions) (string, []any) {
@@ -321,27 +387,60 @@ func listClause(o ListOptions) (string, []any) {
 	return where + ` ORDER BY created_at, id LIMIT ? OFFSET ?`, args
 }
 
-// ListSnapshots lists a workspace's snapshots, oldest first.
+// ListSnapshots lists a workspace's snapshots, oldest first, without run
+// configs.
 func (s *SQLite) ListSnapshots(ctx context.Context, workspaceID string, o ListOptions) ([]*Snapshot, error) {
 	clause, args := listClause(o)
-	return queryAll(ctx, s.db, "snapshots", scanSnapshot, `SELECT `+snapshotCols+` FROM snapshots WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
+	return queryAll(ctx, s.db, "snapshots", scanSnapshot, snapshotList+` WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
 }
 
-// SnapshotsWithStatus lists every workspace's snapshots in status.
+// SnapshotsWithStatus lists every workspace's snapshots in status, with
+// their run configs.
 func (s *SQLite) SnapshotsWithStatus(ctx context.Context, status string) ([]*Snapshot, error) {
-	return queryAll(ctx, s.db, "snapshots", scanSnapshot, `SELECT `+snapshotCols+` FROM snapshots WHERE status=? ORDER BY created_at`, status)
+	return queryAll(ctx, s.db, "snapshots", scanSnapshot, snapshotGet+` WHERE s.status=? ORDER BY s.created_at`, status)
 }
 
-// DeleteSnapshot removes a snapshot record.
-func (s *SQLite) DeleteSnapshot(ctx context.Context, workspaceID, id string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM snapshots WHERE workspace_id=? AND id=?`, workspaceID, id)
+// LayersInUse lists, once each, the layer directories every snapshot of
+// every workspace stacks.
+func (s *SQLite) LayersInUse(ctx context.Context) ([]string, error) {
+	all, err := queryAll(ctx, s.db, "snapshot layers", func(row scanner) (string, error) {
+		var v string
+		err := row.Scan(&v)
+		return v, err
+	}, `SELECT DISTINCT layers FROM snapshots`)
 	if err != nil {
-		return fmt.Errorf("delete snapshot %s: %w", id, err)
+		return nil, err
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
-		return fmt.Errorf("snapshot %s: %w", id, errdefs.ErrNotFound)
+	seen := map[string]bool{}
+	var out []string
+	for _, raw := range all {
+		var layers []string
+		if err := json.Unmarshal([]byte(raw), &layers); err != nil {
+			return nil, fmt.Errorf("decode snapshot layers: %w", err)
+		}
+		for _, l := range layers {
+			if !seen[l] {
+				seen[l] = true
+				out = append(out, l)
+			}
+		}
 	}
-	return nil
+	return out, nil
+}
+
+// DeleteSnapshot removes a snapshot record (and its run config when no
+// other snapshot shares it).
+func (s *SQLite) DeleteSnapshot(ctx context.Context, workspaceID, id string) error {
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM snapshots WHERE workspace_id=? AND id=?`, workspaceID, id)
+		if err != nil {
+			return fmt.Errorf("delete snapshot %s: %w", id, err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("snapshot %s: %w", id, errdefs.ErrNotFound)
+		}
+		return dropUnusedRunConfigs(ctx, tx)
+	})
 }
 
 const sandboxCols = `id, workspace_id, created_by, name, status, status_message, snapshot_id, runtime, vcpus, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, run_config, token, created_at, updated_at, stopped_at, proxy_config, last_active_at`

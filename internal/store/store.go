@@ -132,10 +132,14 @@ type Store interface {
 	UpdateSnapshot(ctx context.Context, s *Snapshot) error
 	GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error)
 	SnapshotByName(ctx context.Context, workspaceID, name string) (*Snapshot, error)
+	// ListSnapshots lists without run configs (RunConfig is zero); get a
+	// snapshot for its run config.
 	ListSnapshots(ctx context.Context, workspaceID string, o ListOptions) ([]*Snapshot, error)
 	DeleteSnapshot(ctx context.Context, workspaceID, id string) error
 	// SnapshotsWithStatus lists every workspace's snapshots in status.
 	SnapshotsWithStatus(ctx context.Context, status string) ([]*Snapshot, error)
+	// LayersInUse lists the layer directories any snapshot stacks.
+	LayersInUse(ctx context.Context) ([]string, error)
 
 	CreateSandbox(ctx context.Context, s *Sandbox) error
 	UpdateSandbox(ctx context.Context, s *Sandbox) error

@@ -114,7 +114,7 @@ func BenchmarkBareRunsc(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	img, err := st.Resolve(context.Background(), ref, nil, nil)
+	img, err := st.Resolve(context.Background(), "bench", ref, nil, nil)
 	if err != nil {
 		b.Fatal(err)
 	}

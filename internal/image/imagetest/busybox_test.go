@@ -31,7 +31,7 @@ func TestBusyboxImageRunsBash(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := s.Resolve(context.Background(), ref, nil, nil)
+	got, err := s.Resolve(context.Background(), "test", ref, nil, nil)
 	if err != nil {
 		t.Fatalf("Resolve: %v", err)
 	}
