@@ -151,7 +151,7 @@ func (c *Client) DialExec(ctx context.Context) (*websocket.Conn, error) {
 		}
 		return nil, fmt.Errorf("agent: dial exec: %w", err)
 	}
-	conn.SetReadLimit(maxClientFrame)
+	conn.SetReadLimit(MaxAgentFrame)
 	return conn, nil
 }
 

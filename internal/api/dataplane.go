@@ -33,7 +33,8 @@ func (s *Server) dataplane(w http.ResponseWriter, r *http.Request) (*sandbox.Con
 	return dp, true
 }
 
-// wsReadLimit bounds one exec frame (input or output chunks).
+// wsReadLimit bounds one exec frame from the client (input chunks); frames
+// from the agent are bounded by agent.MaxAgentFrame (DialExec).
 const wsReadLimit = 32 << 20
 
 // layerExec merges the sandbox's effective run config with a command's own
@@ -217,7 +218,6 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer up.CloseNow()
-	up.SetReadLimit(wsReadLimit)
 	if err := wsjson.Write(ctx, up, first); err != nil {
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return
