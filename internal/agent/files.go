@@ -200,7 +200,7 @@ func writeFileAtomic(id identity, path string, mode fs.FileMode, body io.Reader)
 	if err != nil {
 		return err
 	}
-	_, err = io.Copy(tmp, body)
+	_, err = io.Copy(tmp, uploadBody{body})
 	return asUser(id, func() error {
 		if err == nil {
 			err = tmp.Chmod(mode) // explicit, so the umask does not apply
@@ -219,6 +219,21 @@ func writeFileAtomic(id identity, path string, mode fs.FileMode, body io.Reader)
 }
 
 var errIsDir = errors.New("is a directory")
+
+// errUploadBody is a failure to read an upload's body: the sender's side
+// (a cut connection, a body over a limit), not the sandbox's.
+var errUploadBody = errors.New("read upload body")
+
+// uploadBody marks its reader's errors as errUploadBody.
+type uploadBody struct{ r io.Reader }
+
+func (b uploadBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = fmt.Errorf("%w: %w", errUploadBody, err)
+	}
+	return n, err
+}
 
 // handleStat serves GET /v1/stat?path=&user=.
 func (s *Server) handleStat(w http.ResponseWriter, r *http.Request) {
@@ -256,8 +271,8 @@ func statAs(id identity, path string) (FileInfo, error) {
 
 // writeFSError maps a filesystem error to the protocol's error body. What
 // the request or the sandbox's files caused is a 4xx: missing → 404,
-// permission or a refused symlink → 403, a directory or not a regular file
-// → 400, no space or quota → 413, busy or in use → 409. Only the rest
+// permission or a refused symlink → 403, a directory, not a regular file
+// or a broken upload body → 400, no space or quota → 413, busy or in use → 409. Only the rest
 // (I/O errors, ...) is a 500.
 func writeFSError(w http.ResponseWriter, kind, path string, err error) {
 	status := http.StatusInternalServerError
@@ -268,7 +283,7 @@ func writeFSError(w http.ResponseWriter, kind, path string, err error) {
 	case errors.Is(err, errSymlinkEscape), errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
 		writeError(w, http.StatusForbidden, errKindPermissionDenied, err.Error())
 		return
-	case errors.Is(err, errIsDir), errors.Is(err, errNotRegular), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR),
+	case errors.Is(err, errIsDir), errors.Is(err, errNotRegular), errors.Is(err, errUploadBody), errors.Is(err, syscall.EISDIR), errors.Is(err, syscall.ENOTDIR),
 		errors.Is(err, syscall.ELOOP), errors.Is(err, syscall.ENAMETOOLONG), errors.Is(err, syscall.EINVAL),
 		errors.Is(err, syscall.ENXIO), errors.Is(err, syscall.ENODEV), errors.Is(err, syscall.EXDEV):
 		status = http.StatusBadRequest

@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -170,5 +174,27 @@ func TestWaitReady(t *testing.T) {
 	defer bad.Close()
 	if err := bad.WaitReady(ctxT(t), 2*time.Millisecond); err == nil {
 		t.Fatal("wrong token became ready")
+	}
+}
+
+// TestFSErrorStatus: what a request or the sandbox's files cause is a 4xx;
+// only other faults are a 500.
+func TestFSErrorStatus(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{fs.ErrNotExist, 404}, {syscall.EACCES, 403}, {syscall.EPERM, 403}, {syscall.EROFS, 403}, {errSymlinkEscape, 403},
+		{errIsDir, 400}, {errNotRegular, 400}, {syscall.ELOOP, 400}, {syscall.ENAMETOOLONG, 400},
+		{fmt.Errorf("%w: %w", errUploadBody, io.ErrUnexpectedEOF), 400},
+		{syscall.ENOSPC, 413}, {syscall.EDQUOT, 413}, {syscall.EFBIG, 413},
+		{syscall.EBUSY, 409}, {syscall.ENOTEMPTY, 409},
+		{syscall.EIO, 500},
+	} {
+		rec := httptest.NewRecorder()
+		writeFSError(rec, errKindWriteError, "/p", fmt.Errorf("op: %w", c.err))
+		if rec.Code != c.want {
+			t.Errorf("%v: %d, want %d", c.err, rec.Code, c.want)
+		}
 	}
 }

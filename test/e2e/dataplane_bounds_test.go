@@ -82,6 +82,10 @@ func TestExecOutputBounded(t *testing.T) {
 			if resp.StatusCode != 200 || string(raw) != `{"stdout":"hi\n","stderr":"","exit_code":0,"stdout_bytes":3}`+"\n" {
 				t.Fatalf("small execute: %d %s", resp.StatusCode, raw)
 			}
+			resp, raw = p3Do(t, "POST", sb.DataplaneURL+"/execute", map[string]any{"command": strings.Repeat("x", 2<<20)}, nil)
+			if resp.StatusCode != 413 {
+				t.Fatalf("execute with a 2 MiB body: %d %s, want 413", resp.StatusCode, raw)
+			}
 		})
 	}
 }
