@@ -83,6 +83,8 @@ func NewClient(addr, token string) *Client {
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
+		// The agent is untrusted: bound what a response's headers may cost.
+		MaxResponseHeaderBytes: 64 << 10,
 	}
 	return &Client{
 		base:  "http://" + addr,
@@ -149,7 +151,7 @@ func (c *Client) DialExec(ctx context.Context) (*websocket.Conn, error) {
 		}
 		return nil, fmt.Errorf("agent: dial exec: %w", err)
 	}
-	conn.SetReadLimit(maxClientFrame)
+	conn.SetReadLimit(MaxAgentFrame)
 	return conn, nil
 }
 
@@ -203,9 +205,13 @@ func (c *Client) Exec(ctx context.Context, req protocol.ExecFrame, stdout, stder
 	}
 }
 
+// File calls act as user inside the sandbox (its run_config.user; "" is the
+// agent's own root): see asUser.
+
 // WriteFile streams r into path (parents created), replacing it atomically.
-func (c *Client) WriteFile(ctx context.Context, path string, mode os.FileMode, r io.Reader) error {
-	q := url.Values{"path": {path}, "mode": {strconv.FormatUint(uint64(mode.Perm()), 8)}}
+func (c *Client) WriteFile(ctx context.Context, user, path string, mode os.FileMode, r io.Reader) error {
+	q := fileQuery(user, path)
+	q.Set("mode", strconv.FormatUint(uint64(mode.Perm()), 8))
 	resp, err := c.do(ctx, http.MethodPut, "/v1/files", q, nil, r)
 	if err != nil {
 		return err
@@ -217,35 +223,129 @@ func (c *Client) WriteFile(ctx context.Context, path string, mode os.FileMode, r
 // OpenFile GETs path with the caller's headers (Range, If-Range,
 // If-None-Match, ...) and returns the response whatever its status, for the
 // daemon to relay; the caller closes the body.
-func (c *Client) OpenFile(ctx context.Context, path string, hdr http.Header) (*http.Response, error) {
-	return c.do(ctx, http.MethodGet, "/v1/files", url.Values{"path": {path}}, hdr, nil)
+func (c *Client) OpenFile(ctx context.Context, user, path string, hdr http.Header) (*http.Response, error) {
+	return c.do(ctx, http.MethodGet, "/v1/files", fileQuery(user, path), hdr, nil)
 }
 
 // HeadFile is OpenFile with HEAD: headers (size, ETag, Last-Modified) only.
-func (c *Client) HeadFile(ctx context.Context, path string, hdr http.Header) (*http.Response, error) {
-	return c.do(ctx, http.MethodHead, "/v1/files", url.Values{"path": {path}}, hdr, nil)
+func (c *Client) HeadFile(ctx context.Context, user, path string, hdr http.Header) (*http.Response, error) {
+	return c.do(ctx, http.MethodHead, "/v1/files", fileQuery(user, path), hdr, nil)
 }
 
 // Stat describes path.
-func (c *Client) Stat(ctx context.Context, path string) (FileInfo, error) {
+func (c *Client) Stat(ctx context.Context, user, path string) (FileInfo, error) {
 	var fi FileInfo
-	err := c.getJSON(ctx, http.MethodGet, "/v1/stat", url.Values{"path": {path}}, nil, &fi)
+	err := c.getJSON(ctx, http.MethodGet, "/v1/stat", fileQuery(user, path), nil, &fi)
 	return fi, err
 }
 
-// Glob lists entries under req.Path matching req.Pattern.
-func (c *Client) Glob(ctx context.Context, req GlobRequest) (GlobResult, error) {
-	var res GlobResult
-	err := c.getJSON(ctx, http.MethodPost, "/v1/glob", nil, req, &res)
-	return res, err
+func fileQuery(user, path string) url.Values {
+	q := url.Values{"path": {path}}
+	if user != "" {
+		q.Set("user", user)
+	}
+	return q
 }
 
-// Grep finds lines containing req.Pattern under req.Path.
-func (c *Client) Grep(ctx context.Context, req GrepRequest) (GrepResult, error) {
-	var res GrepResult
-	err := c.getJSON(ctx, http.MethodPost, "/v1/grep", nil, req, &res)
-	return res, err
+// Glob lists entries under req.Path matching req.Pattern, calling each for
+// every match as it is read (see streamSearch).
+func (c *Client) Glob(ctx context.Context, req GlobRequest, each func(GlobMatch) error) (truncated bool, err error) {
+	return streamSearch(ctx, c, "/v1/glob", req, each)
 }
+
+// Grep finds lines containing req.Pattern under req.Path, calling each for
+// every match as it is read.
+func (c *Client) Grep(ctx context.Context, req GrepRequest, each func(GrepMatch) error) (truncated bool, err error) {
+	return streamSearch(ctx, c, "/v1/grep", req, each)
+}
+
+// searchSlack is what the daemon reads of a search answer beyond
+// MaxSearchBytes (the agent's own cap is approximate).
+const searchSlack = 1 << 20
+
+// streamSearch posts a glob or grep and decodes the answer one match at a
+// time, so the daemon never holds it whole, reading at most MaxSearchBytes
+// plus slack whatever the agent sends. Once matches have been passed to
+// each, an answer that is cut off or malformed ends the search as
+// truncated rather than failing it; an error before the first match is
+// returned. An error from each is returned as is.
+func streamSearch[M any](ctx context.Context, c *Client, path string, req any, each func(M) error) (bool, error) {
+	b, err := json.Marshal(req)
+	if err != nil {
+		return false, fmt.Errorf("agent: encode %s: %w", path, err)
+	}
+	resp, err := c.do(ctx, http.MethodPost, path, nil, nil, bytes.NewReader(b))
+	if err != nil {
+		return false, err
+	}
+	defer drain(resp)
+	if err := checkStatus(resp, http.StatusOK); err != nil {
+		return false, err
+	}
+	dec := json.NewDecoder(io.LimitReader(resp.Body, MaxSearchBytes+searchSlack))
+	n := 0
+	bad := func(err error) (bool, error) {
+		if n > 0 {
+			return true, nil
+		}
+		return false, fmt.Errorf("agent: decode %s: %w", path, err)
+	}
+	if err := expectDelim(dec, '{'); err != nil {
+		return bad(err)
+	}
+	truncated := false
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return bad(err)
+		}
+		switch key {
+		case "matches":
+			if err := expectDelim(dec, '['); err != nil {
+				return bad(err)
+			}
+			for dec.More() {
+				var m M
+				if err := dec.Decode(&m); err != nil {
+					return bad(err)
+				}
+				n++
+				if err := each(m); err != nil {
+					return false, err
+				}
+			}
+			if err := expectDelim(dec, ']'); err != nil {
+				return bad(err)
+			}
+		case "truncated":
+			if err := dec.Decode(&truncated); err != nil {
+				return bad(err)
+			}
+		default:
+			var skip json.RawMessage
+			if err := dec.Decode(&skip); err != nil {
+				return bad(err)
+			}
+		}
+	}
+	return truncated, nil
+}
+
+// expectDelim reads the next token and checks it is d.
+func expectDelim(dec *json.Decoder, d json.Delim) error {
+	t, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if t != d {
+		return fmt.Errorf("want %v, got %v", d, t)
+	}
+	return nil
+}
+
+// maxAnswer bounds the small JSON answers (stat, activity, memguard) the
+// daemon reads from an agent.
+const maxAnswer = 1 << 20
 
 // getJSON sends body (if any) as JSON and decodes a 200 answer into out.
 func (c *Client) getJSON(ctx context.Context, method, path string, q url.Values, body, out any) error {
@@ -265,7 +365,7 @@ func (c *Client) getJSON(ctx context.Context, method, path string, q url.Values,
 	if err := checkStatus(resp, http.StatusOK); err != nil {
 		return err
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(out); err != nil {
 		return fmt.Errorf("agent: decode %s: %w", path, err)
 	}
 	return nil

@@ -20,6 +20,13 @@
 //	POST /v1/glob                   GlobRequest → GlobResult (spec D7)
 //	POST /v1/grep                   GrepRequest → GrepResult (spec D8)
 //
+// File calls take the user to act as (?user=, or "user" in a search body:
+// the sandbox's run_config.user) and run with that user's credentials and
+// a symlink rule (see asUser); only regular files on disk are served.
+// Search answers are capped at MaxSearchBytes, exec frames the daemon
+// reads at MaxAgentFrame: the daemon bounds what it reads from an agent
+// whatever the agent sends.
+//
 // With MemLimitEnv set (the gvisor driver sets it from the sandbox's memory
 // limit) the agent also runs an OOM guard: gVisor has no OOM killer, so the
 // agent kills the biggest process when the sandbox's memory nears the limit,

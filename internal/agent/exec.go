@@ -34,6 +34,12 @@ const (
 	maxClientFrame     = 16 << 20 // largest accepted client frame
 )
 
+// MaxAgentFrame is the largest exec frame the daemon accepts from an agent.
+// The agent's output frames carry at most maxFrameData bytes (≤ 6× that
+// once JSON-escaped), so this only stops a hostile agent from making the
+// daemon buffer big frames.
+const MaxAgentFrame = 1 << 20
+
 // handleExec serves one exec WebSocket: the first frame starts (or attaches
 // to) a session, then output streams until exit while input, close_stdin,
 // kill and resize frames are applied.

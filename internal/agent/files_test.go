@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,7 +25,7 @@ func TestWriteReadFile(t *testing.T) {
 	ctx := ctxT(t)
 	p := filepath.Join(t.TempDir(), "a", "b", "f.txt")
 	data := []byte("0123456789abcdef")
-	if err := c.WriteFile(ctx, p, 0o600, bytes.NewReader(data)); err != nil {
+	if err := c.WriteFile(ctx, "", p, 0o600, bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
 	}
 	st, err := os.Stat(p)
@@ -31,7 +35,7 @@ func TestWriteReadFile(t *testing.T) {
 	if pst, _ := os.Stat(filepath.Dir(p)); pst.Mode().Perm() != 0o755 {
 		t.Fatalf("parent mode %v", pst.Mode())
 	}
-	resp, err := c.OpenFile(ctx, p, nil)
+	resp, err := c.OpenFile(ctx, "", p, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +48,7 @@ func TestWriteReadFile(t *testing.T) {
 
 	get := func(h http.Header) (*http.Response, string) {
 		t.Helper()
-		resp, err := c.OpenFile(ctx, p, h)
+		resp, err := c.OpenFile(ctx, "", p, h)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -72,21 +76,21 @@ func TestWriteReadFile(t *testing.T) {
 	if r.StatusCode != 200 || b != string(data) {
 		t.Fatalf("stale if-range: %d", r.StatusCode)
 	}
-	hr, err := c.HeadFile(ctx, p, nil)
+	hr, err := c.HeadFile(ctx, "", p, nil)
 	if err != nil || hr.StatusCode != 200 || hr.ContentLength != 16 || hr.Header.Get("ETag") != etag {
 		t.Fatalf("head %v %v", hr, err)
 	}
 	hr.Body.Close()
 
 	// Overwrite: new content, new strong validator.
-	if err := c.WriteFile(ctx, p, 0o644, strings.NewReader("new")); err != nil {
+	if err := c.WriteFile(ctx, "", p, 0o644, strings.NewReader("new")); err != nil {
 		t.Fatal(err)
 	}
 	r, b = get(http.Header{"If-None-Match": {etag}})
 	if r.StatusCode != 200 || b != "new" || r.Header.Get("ETag") == etag {
 		t.Fatalf("after overwrite: %d %q", r.StatusCode, b)
 	}
-	fi, err := c.Stat(ctx, p)
+	fi, err := c.Stat(ctx, "", p)
 	if err != nil || fi.Size != 3 || fi.IsDir || fi.Mode != 0o644 || fi.Path != p {
 		t.Fatalf("stat %+v %v", fi, err)
 	}
@@ -96,7 +100,7 @@ func TestFileErrors(t *testing.T) {
 	c, _, addr := startAgent(t)
 	ctx := ctxT(t)
 	dir := t.TempDir()
-	resp, err := c.OpenFile(ctx, filepath.Join(dir, "missing"), nil)
+	resp, err := c.OpenFile(ctx, "", filepath.Join(dir, "missing"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,18 +110,18 @@ func TestFileErrors(t *testing.T) {
 	if resp.StatusCode != 404 || body.Detail.Error != "FileNotFound" {
 		t.Fatalf("missing: %d %+v", resp.StatusCode, body)
 	}
-	resp, _ = c.OpenFile(ctx, dir, nil)
+	resp, _ = c.OpenFile(ctx, "", dir, nil)
 	json.NewDecoder(resp.Body).Decode(&body)
 	resp.Body.Close()
 	if resp.StatusCode != 400 || body.Detail.Error != "ReadError" || !strings.Contains(body.Detail.Message, "is a directory") {
 		t.Fatalf("dir: %d %+v", resp.StatusCode, body)
 	}
-	err = c.WriteFile(ctx, dir, 0o644, strings.NewReader("x"))
+	err = c.WriteFile(ctx, "", dir, 0o644, strings.NewReader("x"))
 	var he *HTTPError
 	if !errors.As(err, &he) || he.Status != 400 || he.Kind != "WriteError" {
 		t.Fatalf("write over dir: %v", err)
 	}
-	if _, err := c.Stat(ctx, filepath.Join(dir, "missing")); !errors.Is(err, ErrFileNotFound) {
+	if _, err := c.Stat(ctx, "", filepath.Join(dir, "missing")); !errors.Is(err, ErrFileNotFound) {
 		t.Fatalf("stat missing: %v", err)
 	}
 
@@ -170,5 +174,27 @@ func TestWaitReady(t *testing.T) {
 	defer bad.Close()
 	if err := bad.WaitReady(ctxT(t), 2*time.Millisecond); err == nil {
 		t.Fatal("wrong token became ready")
+	}
+}
+
+// TestFSErrorStatus: what a request or the sandbox's files cause is a 4xx;
+// only other faults are a 500.
+func TestFSErrorStatus(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want int
+	}{
+		{fs.ErrNotExist, 404}, {syscall.EACCES, 403}, {syscall.EPERM, 403}, {syscall.EROFS, 403}, {errSymlinkEscape, 403},
+		{errIsDir, 400}, {errNotRegular, 400}, {syscall.ELOOP, 400}, {syscall.ENAMETOOLONG, 400},
+		{fmt.Errorf("%w: %w", errUploadBody, io.ErrUnexpectedEOF), 400},
+		{syscall.ENOSPC, 413}, {syscall.EDQUOT, 413}, {syscall.EFBIG, 413},
+		{syscall.EBUSY, 409}, {syscall.ENOTEMPTY, 409},
+		{syscall.EIO, 500},
+	} {
+		rec := httptest.NewRecorder()
+		writeFSError(rec, errKindWriteError, "/p", fmt.Errorf("op: %w", c.err))
+		if rec.Code != c.want {
+			t.Errorf("%v: %d, want %d", c.err, rec.Code, c.want)
+		}
 	}
 }

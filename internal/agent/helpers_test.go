@@ -108,3 +108,19 @@ func (w *wsConn) collect() (string, string, protocol.ExecFrame, []protocol.ExecF
 		}
 	}
 }
+
+// globAll runs a glob and collects its streamed matches.
+func globAll(t testing.TB, c *Client, req GlobRequest) (GlobResult, error) {
+	res := GlobResult{}
+	var err error
+	res.Truncated, err = c.Glob(ctxT(t), req, func(m GlobMatch) error { res.Matches = append(res.Matches, m); return nil })
+	return res, err
+}
+
+// grepAll runs a grep and collects its streamed matches.
+func grepAll(t testing.TB, c *Client, req GrepRequest) (GrepResult, error) {
+	res := GrepResult{}
+	var err error
+	res.Truncated, err = c.Grep(ctxT(t), req, func(m GrepMatch) error { res.Matches = append(res.Matches, m); return nil })
+	return res, err
+}

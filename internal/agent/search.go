@@ -12,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 	"unicode/utf8"
 )
@@ -25,6 +26,12 @@ const (
 	maxGrepLine        = 2000    // bytes of a matching line returned
 	maxScanLine        = 4 << 20 // longer lines end the scan of that file
 	binarySniff        = 8000
+	// MaxSearchBytes bounds the JSON of one glob or grep answer: matches
+	// past it are left out and the result marked truncated. The daemon
+	// reads no more than this (plus slack) from an agent.
+	MaxSearchBytes = 16 << 20
+	// matchOverhead is a match's JSON beyond its path and text, rounded up.
+	matchOverhead = 128
 )
 
 // GlobRequest is the body of POST /v1/glob (spec D7). Pattern is matched
@@ -34,6 +41,8 @@ type GlobRequest struct {
 	Pattern string `json:"pattern"`
 	Path    string `json:"path"`
 	Limit   int    `json:"limit,omitempty"`
+	// User is who the search runs as (the sandbox's run_config.user).
+	User string `json:"user,omitempty"`
 }
 
 // GlobMatch is one entry found by a glob.
@@ -58,6 +67,7 @@ type GrepRequest struct {
 	Path    string `json:"path"`
 	Glob    string `json:"glob,omitempty"`
 	Limit   int    `json:"limit,omitempty"`
+	User    string `json:"user,omitempty"`
 }
 
 // GrepMatch is one matching line.
@@ -81,7 +91,7 @@ var pseudoFS = map[string]bool{"/proc": true, "/sys": true, "/dev": true}
 
 func (s *Server) handleGlob(w http.ResponseWriter, r *http.Request) {
 	var req GlobRequest
-	root, ok := decodeSearch(w, r, &req, &req.Path)
+	root, id, ok := s.decodeSearch(w, r, &req, &req.Path, &req.User)
 	if !ok {
 		return
 	}
@@ -89,35 +99,35 @@ func (s *Server) handleGlob(w http.ResponseWriter, r *http.Request) {
 		req.Pattern = "*"
 	}
 	pat := strings.Split(strings.Trim(req.Pattern, "/"), "/")
-	limit := searchLimit(req.Limit)
 	res := GlobResult{Matches: []GlobMatch{}}
-	ctx, cancel := context.WithTimeout(r.Context(), searchDeadline)
-	defer cancel()
-	err := walk(ctx, root, func(p string, rel []string, d fs.DirEntry) error {
-		if matchGlob(pat, rel) {
-			if len(res.Matches) >= limit {
-				res.Truncated = true
-				return errStopWalk
+	caps := newSearchCaps(r.Context(), req.Limit)
+	defer caps.cancel()
+	err := asUser(id, func() error {
+		return walk(caps.ctx, root, func(p string, rel []string, d fs.DirEntry) error {
+			if matchGlob(pat, rel) {
+				if !caps.take(len(p)) {
+					return errStopWalk
+				}
+				m := GlobMatch{Path: p, IsDir: d.IsDir()}
+				if info, err := d.Info(); err == nil {
+					mt := info.ModTime().UTC()
+					m.SizeBytes, m.ModifiedAt = info.Size(), &mt
+				}
+				res.Matches = append(res.Matches, m)
 			}
-			m := GlobMatch{Path: p, IsDir: d.IsDir()}
-			if info, err := d.Info(); err == nil {
-				mt := info.ModTime().UTC()
-				m.SizeBytes, m.ModifiedAt = info.Size(), &mt
+			if d.IsDir() && !matchPrefix(pat, rel) {
+				return fs.SkipDir
 			}
-			res.Matches = append(res.Matches, m)
-		}
-		if d.IsDir() && !matchPrefix(pat, rel) {
-			return fs.SkipDir
-		}
-		return nil
+			return nil
+		})
 	})
-	res.Truncated = res.Truncated || errors.Is(err, context.DeadlineExceeded)
+	res.Truncated = caps.truncated(err)
 	writeJSON(w, http.StatusOK, res)
 }
 
 func (s *Server) handleGrep(w http.ResponseWriter, r *http.Request) {
 	var req GrepRequest
-	root, ok := decodeSearch(w, r, &req, &req.Path)
+	root, id, ok := s.decodeSearch(w, r, &req, &req.Path, &req.User)
 	if !ok {
 		return
 	}
@@ -130,36 +140,74 @@ func (s *Server) handleGrep(w http.ResponseWriter, r *http.Request) {
 	if req.Glob != "" && !baseOnly {
 		glob = strings.Split(strings.Trim(req.Glob, "/"), "/")
 	}
-	limit := searchLimit(req.Limit)
 	res := GrepResult{Matches: []GrepMatch{}}
-	ctx, cancel := context.WithTimeout(r.Context(), searchDeadline)
-	defer cancel()
+	caps := newSearchCaps(r.Context(), req.Limit)
+	defer caps.cancel()
 	needle := []byte(req.Pattern)
-	err := walk(ctx, root, func(p string, rel []string, d fs.DirEntry) error {
-		if !d.Type().IsRegular() {
-			return nil
-		}
-		if baseOnly {
-			if ok, _ := path.Match(req.Glob, d.Name()); !ok {
+	err := asUser(id, func() error {
+		return walk(caps.ctx, root, func(p string, rel []string, d fs.DirEntry) error {
+			if !d.Type().IsRegular() {
 				return nil
 			}
-		} else if glob != nil && len(rel) > 0 && !matchGlob(glob, rel) {
-			return nil
-		}
-		return grepFile(p, needle, limit, &res)
+			if baseOnly {
+				if ok, _ := path.Match(req.Glob, d.Name()); !ok {
+					return nil
+				}
+			} else if glob != nil && len(rel) > 0 && !matchGlob(glob, rel) {
+				return nil
+			}
+			return grepFile(p, needle, caps, &res)
+		})
 	})
-	res.Truncated = res.Truncated || errors.Is(err, context.DeadlineExceeded)
+	res.Truncated = caps.truncated(err)
 	writeJSON(w, http.StatusOK, res)
 }
 
+// searchCaps are one search's limits: a match count, a byte budget for the
+// answer (MaxSearchBytes) and the deadline.
+type searchCaps struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	left   int // matches still allowed
+	bytes  int // answer bytes still allowed
+	hit    bool
+}
+
+func newSearchCaps(ctx context.Context, limit int) *searchCaps {
+	c := &searchCaps{left: searchLimit(limit), bytes: MaxSearchBytes}
+	c.ctx, c.cancel = context.WithTimeout(ctx, searchDeadline)
+	return c
+}
+
+// take admits one more match of n bytes of path and text, or records that
+// a cap was hit.
+func (c *searchCaps) take(n int) bool {
+	if c.left == 0 || c.bytes < n+matchOverhead {
+		c.hit = true
+		return false
+	}
+	c.left--
+	c.bytes -= n + matchOverhead
+	return true
+}
+
+// truncated reports whether a cap or the deadline cut the search short.
+func (c *searchCaps) truncated(err error) bool {
+	return c.hit || errors.Is(err, context.DeadlineExceeded)
+}
+
 // grepFile appends p's lines containing needle to res, skipping binary
-// files; it returns errStopWalk once res holds limit matches.
-func grepFile(p string, needle []byte, limit int, res *GrepResult) error {
-	f, err := os.Open(p)
+// files; it returns errStopWalk once a cap is hit. The file is opened
+// without following a symlink swapped in since the directory was read.
+func grepFile(p string, needle []byte, caps *searchCaps, res *GrepResult) error {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil // unreadable files are skipped, like grep -s
 	}
 	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil
+	}
 	br := bufio.NewReaderSize(f, 64<<10)
 	if head, _ := br.Peek(binarySniff); bytes.IndexByte(head, 0) >= 0 {
 		return nil
@@ -171,35 +219,41 @@ func grepFile(p string, needle []byte, limit int, res *GrepResult) error {
 		if !bytes.Contains(b, needle) {
 			continue
 		}
-		if len(res.Matches) >= limit {
-			res.Truncated = true
-			return errStopWalk
-		}
 		b = bytes.TrimSuffix(b, []byte("\r"))
 		if len(b) > maxGrepLine {
 			b = b[:completePrefix(b[:maxGrepLine])]
+		}
+		// Escaping can grow text up to 6×; count it so.
+		if !caps.take(len(p) + 6*len(b)) {
+			return errStopWalk
 		}
 		res.Matches = append(res.Matches, GrepMatch{Path: p, Line: line, Text: strings.ToValidUTF8(string(b), string(utf8.RuneError))})
 	}
 	return nil
 }
 
-// decodeSearch decodes a glob or grep body and resolves its root path,
-// answering the error itself when it returns false.
-func decodeSearch(w http.ResponseWriter, r *http.Request, req any, p *string) (string, bool) {
+// decodeSearch decodes a glob or grep body, resolves who it runs as and
+// checks its root path as that user, answering the error itself when it
+// returns false.
+func (s *Server) decodeSearch(w http.ResponseWriter, r *http.Request, req any, p, user *string) (string, identity, bool) {
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(req); err != nil {
 		writeError(w, http.StatusBadRequest, errKindInvalid, "invalid body: "+err.Error())
-		return "", false
+		return "", identity{}, false
 	}
 	if *p == "" {
 		*p = "/"
 	}
 	root, _ := cleanPath(*p)
-	if _, err := os.Stat(root); err != nil {
-		writeFSError(w, errKindReadError, root, err)
-		return "", false
+	id, err := lookupIdentity(s.root, *user)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, errKindInvalid, "run_config.user: "+err.Error())
+		return "", identity{}, false
 	}
-	return root, true
+	if _, err := statAs(id, root); err != nil {
+		writeFSError(w, errKindReadError, root, err)
+		return "", identity{}, false
+	}
+	return root, id, true
 }
 
 func searchLimit(n int) int {

@@ -37,7 +37,7 @@ func TestGlob(t *testing.T) {
 		"[ab].*":  {"a.py", "b.txt"},
 	}
 	for pat, want := range cases {
-		res, err := c.Glob(ctxT(t), GlobRequest{Pattern: pat, Path: root})
+		res, err := globAll(t, c, GlobRequest{Pattern: pat, Path: root})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +53,7 @@ func TestGlob(t *testing.T) {
 			t.Errorf("%s: got %v want %v", pat, got, want)
 		}
 	}
-	res, err := c.Glob(ctxT(t), GlobRequest{Pattern: "**", Path: root, Limit: 2})
+	res, err := globAll(t, c, GlobRequest{Pattern: "**", Path: root, Limit: 2})
 	if err != nil || len(res.Matches) != 2 || !res.Truncated {
 		t.Fatalf("limit: %+v %v", res, err)
 	}
@@ -65,7 +65,7 @@ func TestGrep(t *testing.T) {
 		"a.py": "import os\nprint('needle.*')\n", "b.txt": "needle.* here\nno\n", "src/c.py": "x\ny\nneedle.*\n",
 		"bin.dat": "needle.*\x00\x01",
 	})
-	res, err := c.Grep(ctxT(t), GrepRequest{Pattern: "needle.*", Path: root, Glob: "*.py"})
+	res, err := grepAll(t, c, GrepRequest{Pattern: "needle.*", Path: root, Glob: "*.py"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,15 +77,15 @@ func TestGrep(t *testing.T) {
 	if strings.Join(got, "|") != "a.py:2:print('needle.*')|src/c.py:3:needle.*" {
 		t.Fatalf("%v", got)
 	}
-	res, _ = c.Grep(ctxT(t), GrepRequest{Pattern: "needle", Path: root})
+	res, _ = grepAll(t, c, GrepRequest{Pattern: "needle", Path: root})
 	if len(res.Matches) != 3 || res.Truncated { // bin.dat is skipped as binary
 		t.Fatalf("%+v", res)
 	}
-	res, _ = c.Grep(ctxT(t), GrepRequest{Pattern: "needle", Path: root, Glob: "src/**", Limit: 5})
+	res, _ = grepAll(t, c, GrepRequest{Pattern: "needle", Path: root, Glob: "src/**", Limit: 5})
 	if len(res.Matches) != 1 {
 		t.Fatalf("%+v", res)
 	}
-	res, _ = c.Grep(ctxT(t), GrepRequest{Pattern: "needle", Path: root, Limit: 1})
+	res, _ = grepAll(t, c, GrepRequest{Pattern: "needle", Path: root, Limit: 1})
 	if len(res.Matches) != 1 || !res.Truncated {
 		t.Fatalf("%+v", res)
 	}

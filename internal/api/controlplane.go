@@ -17,11 +17,16 @@ import (
 // maxBody bounds control-plane request bodies.
 const maxBody = 1 << 20
 
-// decode reads a JSON body into v; malformed JSON is a 422.
+// decode reads a JSON body into v; malformed JSON is a 422, a body over
+// maxBody a 413.
 func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
 	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
 		var te *json.UnmarshalTypeError
+		var me *http.MaxBytesError
+		if errors.As(err, &me) {
+			return fmt.Errorf("request body over %d bytes: %w", maxBody, errdefs.ErrTooLarge)
+		}
 		if errors.As(err, &te) {
 			if te.Field == "" {
 				return fmt.Errorf("request body must be a JSON object: %w", errdefs.ErrInvalid)

@@ -1,13 +1,16 @@
 package api
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 	"github.com/coder/websocket/wsjson"
@@ -30,7 +33,8 @@ func (s *Server) dataplane(w http.ResponseWriter, r *http.Request) (*sandbox.Con
 	return dp, true
 }
 
-// wsReadLimit bounds one exec frame (input or output chunks).
+// wsReadLimit bounds one exec frame from the client (input chunks); frames
+// from the agent are bounded by agent.MaxAgentFrame (DialExec).
 const wsReadLimit = 32 << 20
 
 // layerExec merges the sandbox's effective run config with a command's own
@@ -87,8 +91,8 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 		}
 	}()
-	var stdout, stderr strings.Builder
-	code, err := conn.Agent.Exec(ctx, f, &stdout, &stderr)
+	stdout, stderr := &cappedOutput{max: s.execOutputLimit}, &cappedOutput{max: s.execOutputLimit}
+	code, err := conn.Agent.Exec(ctx, f, stdout, stderr)
 	switch {
 	case errors.Is(err, agent.ErrCommandTimeout):
 		writeDetail(w, http.StatusRequestTimeout, protocol.ErrCommandTimeout, fmt.Sprintf("command timed out after %ds", timeout))
@@ -97,8 +101,86 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		writeDetail(w, http.StatusBadGateway, "ConnectionError", err.Error())
 	default:
-		writeJSON(w, http.StatusOK, protocol.ExecuteResult{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: code})
+		writeExecuteResult(w, protocol.ExecuteResult{Stdout: stdout.String(), Stderr: stderr.String(), ExitCode: code,
+			StdoutTruncated: stdout.truncated(), StderrTruncated: stderr.truncated(), StdoutBytes: stdout.total, StderrBytes: stderr.total})
 	}
+}
+
+// DefaultExecOutputLimit is how many bytes of each stream POST /execute
+// keeps by default (WithExecOutputLimit).
+const DefaultExecOutputLimit = 16 << 20
+
+// cappedOutput keeps the first max bytes written to it and counts the
+// rest, so a command's output never decides the daemon's memory.
+type cappedOutput struct {
+	b     strings.Builder
+	max   int
+	total int64
+}
+
+// Write keeps what fits and drops the rest, never failing: the command
+// runs on to its exit code.
+func (c *cappedOutput) Write(p []byte) (int, error) {
+	c.total += int64(len(p))
+	if room := c.max - c.b.Len(); room > 0 {
+		c.b.Write(p[:min(room, len(p))])
+	}
+	return len(p), nil
+}
+
+func (c *cappedOutput) truncated() bool { return c.total > int64(c.b.Len()) }
+
+// String is what was kept, without a rune cut in half at the cap.
+func (c *cappedOutput) String() string {
+	s := c.b.String()
+	if c.truncated() {
+		for i := 0; i < utf8.UTFMax && len(s) > 0; i++ {
+			if r, n := utf8.DecodeLastRuneInString(s); r != utf8.RuneError || n != 1 {
+				break
+			}
+			s = s[:len(s)-1]
+		}
+	}
+	return s
+}
+
+// writeExecuteResult writes res as JSON, escaping stdout and stderr piece
+// by piece, so their escaped form (up to 6× the bytes for control
+// characters) is never held whole.
+func writeExecuteResult(w http.ResponseWriter, res protocol.ExecuteResult) {
+	stdout, stderr := res.Stdout, res.Stderr
+	res.Stdout, res.Stderr = "", ""
+	rest, err := json.Marshal(res)
+	const head = `{"stdout":"","stderr":""`
+	if err != nil || !bytes.HasPrefix(rest, []byte(head)) {
+		res.Stdout, res.Stderr = stdout, stderr
+		writeJSON(w, http.StatusOK, res)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	io.WriteString(w, `{"stdout":`)
+	writeJSONString(w, stdout)
+	io.WriteString(w, `,"stderr":`)
+	writeJSONString(w, stderr)
+	w.Write(rest[len(head):])
+	io.WriteString(w, "\n")
+}
+
+// writeJSONString writes s as a JSON string, encoding 64 KiB at a time cut
+// at rune boundaries (so the result equals json.Marshal(s)).
+func writeJSONString(w io.Writer, s string) {
+	io.WriteString(w, `"`)
+	for len(s) > 0 {
+		n := min(len(s), 64<<10)
+		for i := 0; i < utf8.UTFMax-1 && n < len(s) && !utf8.RuneStart(s[n]); i++ {
+			n--
+		}
+		b, _ := json.Marshal(s[:n])
+		w.Write(b[1 : len(b)-1])
+		s = s[n:]
+	}
+	io.WriteString(w, `"`)
 }
 
 // executeWS relays the WebSocket exec protocol (spec §6) between the client
@@ -136,7 +218,6 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer up.CloseNow()
-	up.SetReadLimit(wsReadLimit)
 	if err := wsjson.Write(ctx, up, first); err != nil {
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return
@@ -253,7 +334,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if err := dp.Agent.WriteFile(r.Context(), path, 0o644, body); err != nil {
+	if err := dp.Agent.WriteFile(r.Context(), dp.RunConfig.User, path, 0o644, body); err != nil {
 		writeAgentError(w, r, err)
 		return
 	}
@@ -295,7 +376,7 @@ func relayFile(w http.ResponseWriter, r *http.Request, dp *sandbox.Conn, path st
 	if r.Method == http.MethodHead {
 		open = dp.Agent.HeadFile
 	}
-	resp, err := open(r.Context(), path, hdr)
+	resp, err := open(r.Context(), dp.RunConfig.User, path, hdr)
 	if err != nil {
 		writeAgentError(w, r, err)
 		return
@@ -311,17 +392,27 @@ func relayFile(w http.ResponseWriter, r *http.Request, dp *sandbox.Conn, path st
 			w.Header()[k] = v
 		}
 	}
-	w.WriteHeader(resp.StatusCode)
+	w.WriteHeader(relayedStatus(resp.StatusCode))
 	if r.Method != http.MethodHead {
 		_, _ = io.Copy(w, resp.Body)
 	}
+}
+
+// relayedStatus is the status the daemon answers for an agent's: what the
+// request or the sandbox's files caused (2xx–4xx) passes; an agent fault
+// (5xx) or anything odd is a 502, the sandbox side having failed.
+func relayedStatus(code int) int {
+	if code >= 200 && code < 500 {
+		return code
+	}
+	return http.StatusBadGateway
 }
 
 // writeAgentError reports a failure to reach or use the agent.
 func writeAgentError(w http.ResponseWriter, r *http.Request, err error) {
 	var he *agent.HTTPError
 	if errors.As(err, &he) {
-		writeDetail(w, he.Status, he.Kind, he.Message)
+		writeDetail(w, relayedStatus(he.Status), he.Kind, he.Message)
 		return
 	}
 	if errors.Is(err, context.DeadlineExceeded) {

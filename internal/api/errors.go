@@ -57,6 +57,8 @@ func writeError(ctx context.Context, w http.ResponseWriter, err error) {
 		writeDetail(w, http.StatusUnauthorized, "Unauthorized", err.Error())
 	case errors.Is(err, errdefs.ErrForbidden):
 		writeDetail(w, http.StatusForbidden, "Forbidden", err.Error())
+	case errors.Is(err, errdefs.ErrTooLarge):
+		writeDetail(w, http.StatusRequestEntityTooLarge, "TooLarge", err.Error())
 	case errors.Is(err, errdefs.ErrUnavailable):
 		writeDetail(w, http.StatusBadGateway, "ConnectionError", err.Error())
 	case errors.As(err, &be):

@@ -2,6 +2,9 @@ package api
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 
@@ -39,12 +42,13 @@ func validateSearch(path string, limit int) error {
 }
 
 // glob lists entries under path matching pattern (spec D7); the agent walks
-// the sandbox's own root. A missing path is a FileNotFound 404.
+// the sandbox's own root as the sandbox's run_config.user. A missing path
+// is a FileNotFound 404.
 func (s *Server) glob(w http.ResponseWriter, r *http.Request) {
 	relaySearch(s, w, r, func(req protocol.GlobRequest) error {
 		return validateSearch(req.Path, req.Limit)
-	}, func(ctx context.Context, c *agent.Client, req protocol.GlobRequest) (any, error) {
-		return c.Glob(ctx, agent.GlobRequest{Pattern: req.Pattern, Path: req.Path, Limit: req.Limit})
+	}, func(ctx context.Context, c *agent.Client, user string, req protocol.GlobRequest, each func(agent.GlobMatch) error) (bool, error) {
+		return c.Glob(ctx, agent.GlobRequest{Pattern: req.Pattern, Path: req.Path, Limit: req.Limit, User: user}, each)
 	})
 }
 
@@ -55,16 +59,18 @@ func (s *Server) grep(w http.ResponseWriter, r *http.Request) {
 			return errdefs.Field("pattern", "is required")
 		}
 		return validateSearch(req.Path, req.Limit)
-	}, func(ctx context.Context, c *agent.Client, req protocol.GrepRequest) (any, error) {
-		return c.Grep(ctx, agent.GrepRequest{Pattern: req.Pattern, Path: req.Path, Glob: req.Glob, Limit: req.Limit})
+	}, func(ctx context.Context, c *agent.Client, user string, req protocol.GrepRequest, each func(agent.GrepMatch) error) (bool, error) {
+		return c.Grep(ctx, agent.GrepRequest{Pattern: req.Pattern, Path: req.Path, Glob: req.Glob, Limit: req.Limit, User: user}, each)
 	})
 }
 
 // relaySearch decodes and checks a search request, then runs it in the
-// sandbox's agent and writes the agent's answer (file errors mapped as for
-// downloads).
-func relaySearch[Req any](s *Server, w http.ResponseWriter, r *http.Request, check func(Req) error,
-	run func(context.Context, *agent.Client, Req) (any, error)) {
+// sandbox's agent and streams the matches to the client as they arrive
+// (file errors mapped as for downloads). The daemon holds one match at a
+// time; the agent's answer is capped (agent.MaxSearchBytes), and one cut
+// short after the first match still ends as valid JSON, truncated.
+func relaySearch[Req, M any](s *Server, w http.ResponseWriter, r *http.Request, check func(Req) error,
+	run func(context.Context, *agent.Client, string, Req, func(M) error) (bool, error)) {
 	var req Req
 	if err := decode(r, &req); err != nil {
 		writeError(r.Context(), w, err)
@@ -79,10 +85,52 @@ func relaySearch[Req any](s *Server, w http.ResponseWriter, r *http.Request, che
 		return
 	}
 	defer dp.Release()
-	res, err := run(r.Context(), dp.Agent, req)
-	if err != nil {
+	out := &matchWriter{w: w}
+	truncated, err := run(r.Context(), dp.Agent, dp.RunConfig.User, req, func(m M) error { return out.add(m) })
+	if err != nil && !out.started {
 		writeAgentError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, res)
+	out.finish(truncated || err != nil)
+}
+
+// matchWriter writes a search answer, {"matches":[...],"truncated":b}, one
+// match at a time.
+type matchWriter struct {
+	w       http.ResponseWriter
+	started bool
+	err     error
+}
+
+func (m *matchWriter) start() {
+	if !m.started {
+		m.started = true
+		m.w.Header().Set("Content-Type", "application/json")
+		m.w.WriteHeader(http.StatusOK)
+		_, m.err = io.WriteString(m.w, `{"matches":[`)
+	}
+}
+
+// add writes one match; its error (the client went away) stops the search.
+func (m *matchWriter) add(v any) error {
+	sep := m.started
+	m.start()
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if sep && m.err == nil {
+		_, m.err = io.WriteString(m.w, ",")
+	}
+	if m.err == nil {
+		_, m.err = m.w.Write(b)
+	}
+	return m.err
+}
+
+func (m *matchWriter) finish(truncated bool) {
+	m.start()
+	if m.err == nil {
+		fmt.Fprintf(m.w, "],\"truncated\":%t}\n", truncated)
+	}
 }

@@ -33,6 +33,8 @@ type Server struct {
 	// gw serves sandbox services and download links; nil without
 	// WithGateway, and then their routes do not exist.
 	gw *gateway.Gateway
+	// execOutputLimit is the bytes of each stream POST /execute keeps.
+	execOutputLimit int
 }
 
 // Option configures optional parts of a Server.
@@ -42,10 +44,21 @@ type Option func(*Server)
 // served and minted by gw (built with WriteError as its error writer).
 func WithGateway(gw *gateway.Gateway) Option { return func(s *Server) { s.gw = gw } }
 
+// WithExecOutputLimit sets how many bytes of each output stream POST
+// /execute keeps (default DefaultExecOutputLimit; n ≤ 0 keeps the default).
+func WithExecOutputLimit(n int) Option {
+	return func(s *Server) {
+		if n > 0 {
+			s.execOutputLimit = n
+		}
+	}
+}
+
 // New returns a Server. publicURL is the externally reachable base URL from
 // which dataplane URLs are derived (no trailing slash).
 func New(mgr *sandbox.Manager, a *auth.Authenticator, images *image.Store, publicURL string, log *slog.Logger, opts ...Option) *Server {
-	s := &Server{mgr: mgr, auth: a, images: images, publicURL: strings.TrimRight(publicURL, "/"), log: log, mux: http.NewServeMux()}
+	s := &Server{mgr: mgr, auth: a, images: images, publicURL: strings.TrimRight(publicURL, "/"), log: log, mux: http.NewServeMux(),
+		execOutputLimit: DefaultExecOutputLimit}
 	for _, opt := range opts {
 		opt(s)
 	}

@@ -43,6 +43,7 @@ type serveFlags struct {
 	signingKey         string
 	reapInterval       time.Duration
 	ttlGranularity     time.Duration
+	execOutputLimit    int
 	egress             egressFlags
 	hostResolv         string
 	conns              api.ConnLimits
@@ -107,6 +108,8 @@ func newServeCmd() *cobra.Command {
 		"how often idle_ttl_seconds and delete_after_stop_seconds are enforced (env CUBICLE_REAP_INTERVAL)")
 	fl.DurationVar(&f.ttlGranularity, "ttl-granularity", envDuration("CUBICLE_TTL_GRANULARITY", time.Minute),
 		"unit TTLs must be multiples of; the protocol's is 1m, lower it only for tests (env CUBICLE_TTL_GRANULARITY)")
+	fl.IntVar(&f.execOutputLimit, "exec-output-limit", api.DefaultExecOutputLimit,
+		"bytes of each output stream POST /execute returns; the rest is dropped and the result marked truncated (WebSocket exec streams everything)")
 	return cmd
 }
 
@@ -203,7 +206,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw))
+	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithExecOutputLimit(f.execOutputLimit))
 	handler.EnableRegistries(registries)
 	handler.EnableEgress(vault, egress)
 	// No RLIMIT_NOFILE code here: the Go runtime already raises the soft

@@ -20,6 +20,7 @@ var (
 	ErrUnauthorized = errors.New("unauthorized")
 	ErrForbidden    = errors.New("forbidden")
 	ErrTimeout      = errors.New("timeout")
+	ErrTooLarge     = errors.New("too large")
 )
 
 // IsNotFound reports whether err is of kind ErrNotFound.

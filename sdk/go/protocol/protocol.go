@@ -238,11 +238,20 @@ type ExecuteRequest struct {
 	RunConfig *RunConfig        `json:"run_config,omitempty"`
 }
 
-// ExecuteResult is the response of POST {dataplane}/execute.
+// ExecuteResult is the response of POST {dataplane}/execute. The daemon
+// keeps at most a fixed amount of each stream (16 MiB by default; `cubicle
+// serve --exec-output-limit`): the rest is dropped, the stream's
+// *_truncated is true and *_bytes counts what the command wrote in all.
+// The official clients read stdout, stderr and exit_code and ignore the
+// other fields; use the WebSocket exec for larger output.
 type ExecuteResult struct {
-	Stdout   string `json:"stdout"`
-	Stderr   string `json:"stderr"`
-	ExitCode int    `json:"exit_code"`
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	ExitCode        int    `json:"exit_code"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	StdoutBytes     int64  `json:"stdout_bytes,omitempty"`
+	StderrBytes     int64  `json:"stderr_bytes,omitempty"`
 }
 
 // Exec frame types (spec §6). Client → server: execute, reconnect, input,
