@@ -23,8 +23,53 @@ type Limits struct {
 	MilliCPUs int64
 	// MemBytes bounds memory; exceeding it gets processes OOM-killed.
 	MemBytes int64
-	// PidsMax bounds the number of tasks (fork-bomb protection).
+	// PidsMax bounds the number of tasks (fork-bomb protection); see Tasks
+	// for the bound drivers actually enforce.
 	PidsMax int64
+}
+
+// Sizing of the bounds derived from MemBytes, shared by every driver so a
+// sandbox behaves the same whatever runs it.
+const (
+	// TaskBytes is the memory a sandbox is assumed to spend per task. A
+	// forked shell holds 0.1-0.4 MiB of its own pages; under gVisor every
+	// task also costs the host about 0.55 MiB outside the sandbox's own
+	// accounting (systrap stubs, Sentry state; measured: 500 sleepers
+	// raised the host cgroup by 267 MiB while /proc/meminfo inside rose by
+	// 48 MiB). One task per MiB keeps a fork bomb's memory well inside
+	// the limit, so it runs out of tasks (EAGAIN), not memory.
+	TaskBytes = 1 << 20
+	// MinTasks is the task bound of the smallest sandboxes.
+	MinTasks = 64
+	// DefaultTmpfsBytes sizes tmpfs mounts of a sandbox without a memory
+	// limit.
+	DefaultTmpfsBytes = 64 << 20
+)
+
+// Tasks is the number of tasks (processes and threads) the driver lets the
+// sandbox have: PidsMax, lowered to one per TaskBytes of MemBytes (at least
+// MinTasks). Zero means no bound.
+func (l Limits) Tasks() int64 {
+	n := l.PidsMax
+	if l.MemBytes > 0 {
+		byMem := max(l.MemBytes/TaskBytes, MinTasks)
+		if n <= 0 || byMem < n {
+			n = byMem
+		}
+	}
+	return n
+}
+
+// TmpfsBytes is the size of each writable tmpfs the driver mounts (/tmp
+// where it is one, /dev/shm): a quarter of MemBytes. tmpfs pages are memory
+// that no kill frees, so unsized mounts let one `dd` fill the sandbox's
+// memory and get the whole sandbox killed; at a quarter each, filling them
+// all fails with ENOSPC and leaves half of the memory to processes.
+func (l Limits) TmpfsBytes() int64 {
+	if l.MemBytes <= 0 {
+		return DefaultTmpfsBytes
+	}
+	return l.MemBytes / 4
 }
 
 // Spec describes one sandbox instance to start.

@@ -191,7 +191,7 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) er
 		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
 	if spec.Limits.MemBytes > 0 {
-		if err := raiseMemLimit(spec.ID, hostMemLimit(spec.Limits.MemBytes)); err != nil {
+		if err := raiseMemLimit(spec.ID, hostMemLimit(spec.Limits)); err != nil {
 			return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 		}
 	}
