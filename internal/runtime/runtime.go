@@ -10,6 +10,8 @@ package runtime
 
 import (
 	"context"
+	"fmt"
+	"os"
 )
 
 // AgentMountPath is where the cubicle binary appears, read-only, inside every
@@ -82,8 +84,14 @@ type Spec struct {
 	// AgentBinary is the host path of the cubicle binary, bound read-only at
 	// AgentMountPath.
 	AgentBinary string
-	// Env is the environment of PID 1 (the agent), e.g. its token and port.
+	// Env is the environment of PID 1 (the agent). Root inside the sandbox
+	// can read it (/proc/1/environ): never put a secret there.
 	Env []string
+	// Token is the agent's token. Drivers write it into a pipe that
+	// becomes PID 1's standard input and close it before the agent runs
+	// (see agent.ReadToken), so it is never in the environment, argv or a
+	// file of the sandbox.
+	Token string
 	// Hostname is the sandbox's UTS hostname.
 	Hostname string
 	// NetNS is the path of a network namespace (bind-mounted nsfs file) that
@@ -132,7 +140,27 @@ type Checkpointer interface {
 	// dir (written by Checkpoint) instead of booting: PID 1 is not started
 	// again. spec.RootFS must show the same files the source's rootfs
 	// showed at the checkpoint; spec.NetNS may differ (another address).
-	// The restored processes keep the environment they had, so spec.Env is
-	// ignored; the UTS hostname is the source's too.
+	// The restored processes keep the environment they had, so spec.Env
+	// and spec.Token are ignored (the agent holds the source's token until
+	// the caller replaces it); the UTS hostname is the source's too.
 	Restore(ctx context.Context, spec Spec, dir string) error
+}
+
+// TokenPipe returns the read end of a pipe holding token and nothing more
+// (the write end is closed), to become the agent's standard input. The
+// token fits the pipe's buffer, so nothing has to wait for a reader.
+func TokenPipe(token string) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("token pipe: %w", err)
+	}
+	_, err = w.WriteString(token)
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("token pipe: %w", err)
+	}
+	return r, nil
 }

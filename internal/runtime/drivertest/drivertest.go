@@ -87,6 +87,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 		testForkBomb(t, env, newDriver(t), runtime.Limits{MemBytes: 256 << 20, PidsMax: 4096})
 	})
 	t.Run("TmpfsFillIsContained", func(t *testing.T) { testTmpfsFill(t, env, newDriver(t)) })
+	t.Run("TokenHiddenInside", func(t *testing.T) { testTokenHidden(t, env, newDriver(t)) })
 	t.Run("StopKillsEverything", func(t *testing.T) {
 		d := newDriver(t)
 		s := env.Start(t, d, runtime.Limits{}, nil)

@@ -34,6 +34,8 @@ type initConfig struct {
 	// netns (a user namespace may not mount sysfs for a netns it does not
 	// own).
 	SysFD int `json:"sys_fd"`
+	// Token is the agent's, put on its standard input (runtime.Spec.Token).
+	Token string `json:"token"`
 	// ShmBytes sizes /dev/shm (runtime.Limits.TmpfsBytes): its pages are
 	// charged to the sandbox's memory cgroup and no OOM kill frees them.
 	ShmBytes int64 `json:"shm_bytes"`
@@ -81,9 +83,26 @@ func runInit() error {
 	if err := dropPrivileges(); err != nil {
 		return err
 	}
+	if err := tokenStdin(cfg.Token); err != nil {
+		return err
+	}
 	env := withDefaults(cfg.Env)
 	err := unix.Exec(runtime.AgentMountPath, []string{runtime.AgentMountPath, "agent"}, env)
 	return fmt.Errorf("exec agent: %w", err)
+}
+
+// tokenStdin makes a pipe holding token, closed for writing, the standard
+// input the agent will read its token from.
+func tokenStdin(token string) error {
+	r, err := runtime.TokenPipe(token)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if err := unix.Dup3(int(r.Fd()), 0, 0); err != nil {
+		return fmt.Errorf("token stdin: %w", err)
+	}
+	return nil
 }
 
 // setupRoot makes the idmapped rootfs the root, with fresh /proc, a minimal

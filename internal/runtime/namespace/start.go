@@ -72,8 +72,8 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	cfg := initConfig{Hostname: spec.Hostname, Env: spec.Env, Mounts: mounts.targets,
-		SysFD:    firstMountFD + len(mounts.files), // appended by spawn
-		ShmBytes: spec.Limits.TmpfsBytes()}
+		SysFD: firstMountFD + len(mounts.files), // appended by spawn
+		Token: spec.Token, ShmBytes: spec.Limits.TmpfsBytes()}
 
 	cmd, pipes, err := d.spawn(spec, mounts.files)
 	if err != nil {
