@@ -473,8 +473,11 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 }
 
 // StatusMessage returns sandbox id's status message ("" if unknown), for
-// errors that need to say why a sandbox went away.
+// errors that need to say why a sandbox went away. It first waits for a
+// lifecycle transition in progress: an instance's Conn.Gone closes as its
+// halt begins, and the halt records why only as it ends.
 func (m *Manager) StatusMessage(ctx context.Context, id string) string {
+	m.lock(id)()
 	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
 	if err != nil {
 		return ""

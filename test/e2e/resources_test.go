@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -60,5 +61,28 @@ func TestResourceAttacksSandboxLives(t *testing.T) {
 			t.Logf("fork bomb: exit %d, stderr %.200q", code, errOut)
 			alive("a fork bomb")
 		})
+	}
+}
+
+// TestSandboxDeathIsExplained kills a gVisor sandbox the one way left from
+// inside (a single system call committing far more than the host cgroup's
+// headroom, see the gvisor driver's hostMemLimit) and checks that the
+// command's error says the sandbox was killed for its memory limit, rather
+// than the client reconnecting to the next instance and reporting
+// CommandNotFound.
+func TestSandboxDeathIsExplained(t *testing.T) {
+	ref := testImage(t)
+	d := startDaemon(t, "gvisor", "")
+	sn := readySnapshot(t, d.Client, "death", ref)
+	sb := newSandbox(t, d.Client, sn.ID, func(r *protocol.CreateSandboxRequest) { r.MemBytes = int64p(64 << 20) })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := d.Client.Exec(ctx, sb.Name, cubicle.ExecRequest{Command: "dd if=/dev/zero of=/dev/null bs=1G count=1", Shell: "/bin/sh"})
+	if err == nil || !strings.Contains(err.Error(), "the sandbox stopped while the command ran") || !strings.Contains(err.Error(), "memory limit") {
+		t.Fatalf("exec error %v, want the sandbox's death and its reason", err)
+	}
+	t.Logf("exec error: %v", err)
+	if out := mustRun(t, d.Client, sb.Name, "echo restarted"); out != "restarted\n" {
+		t.Fatalf("next exec: %q", out)
 	}
 }

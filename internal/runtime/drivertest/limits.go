@@ -3,11 +3,14 @@ package drivertest
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -24,13 +27,16 @@ func testForkBomb(t *testing.T, env *Env, d runtime.Driver, l runtime.Limits) {
 		t.Fatalf("PID = %d, %v", pid, err)
 	}
 	// Fork sleepers until fork fails, recording progress with builtins
-	// only; ash gives up at the first failed fork.
-	tries := 4 * l.Tasks()
-	s.Exec(t, "i=0; while [ $i -lt "+strconv.FormatInt(tries, 10)+" ]; do sleep 2 & i=$((i+1)); echo $i > /tmp/n; done")
+	// only; ash gives up at the first failed fork. The sleepers must
+	// outlive the loop, which forks one every 5-10 ms under gVisor on a
+	// busy host, for the count to be of tasks alive at once.
+	tries, nap := 4*l.Tasks(), max(2, l.Tasks()/50)
+	s.Exec(t, fmt.Sprintf("i=0; while [ $i -lt %d ]; do sleep %d & i=$((i+1)); echo $i > /tmp/n; done", tries, nap))
 	// The sleepers hold the pids until they exit (and the loop may fork
 	// more as they do): retry until the sandbox can fork again. The agent
 	// itself may fail to fork the shell (EAGAIN, an error frame rather than
 	// an exit code): that is retried too.
+	// A command the agent cannot fork must say why.
 	execWhenForkable := func(cmd string) string {
 		for deadline := time.Now().Add(15 * time.Second); ; {
 			var o bytes.Buffer
@@ -40,13 +46,16 @@ func testForkBomb(t *testing.T, env *Env, d runtime.Driver, l runtime.Limits) {
 			if err == nil && code == 0 {
 				return o.String()
 			}
+			var ee *agent.ExecError
+			if errors.As(err, &ee) && !strings.Contains(ee.Message, "limit of processes and threads") {
+				t.Errorf("command refused with %q, want the task limit named", ee.Message)
+			}
 			if time.Now().After(deadline) {
 				t.Fatalf("sandbox cannot run %q 15 s after the bomb: code %d, %v", cmd, code, err)
 			}
 			time.Sleep(500 * time.Millisecond)
 		}
 	}
-	time.Sleep(500 * time.Millisecond)
 	n, _ := strconv.Atoi(strings.TrimSpace(execWhenForkable("cat /tmp/n")))
 	t.Logf("forked %d sleepers before the task bound %d (PidsMax %d, MemBytes %d)", n, l.Tasks(), l.PidsMax, l.MemBytes)
 	if n <= 0 || int64(n) >= l.Tasks() {
