@@ -30,7 +30,14 @@ const (
 
 // ReadToken reads PID 1's token from f (its standard input) up to EOF and
 // puts /dev/null in f's place, so nothing started later can find the pipe.
+// First it makes the process non-dumpable: the token then lives in its
+// memory, and root inside the sandbox, which lacks CAP_SYS_PTRACE, can no
+// longer ptrace it or read its /proc/<pid>/mem, maps or environ. Commands
+// are dumpable again (execve resets the flag).
 func ReadToken(f *os.File) (string, error) {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return "", fmt.Errorf("agent: make the process non-dumpable: %w", err)
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxToken+1))
 	if err != nil {
 		return "", fmt.Errorf("agent: read token from stdin: %w", err)

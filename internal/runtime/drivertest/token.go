@@ -28,6 +28,12 @@ func testTokenHidden(t *testing.T, env *Env, d runtime.Driver) {
 	if strings.Contains(out, s.token) {
 		t.Fatalf("the agent token is readable inside:\n%s", out)
 	}
+	// The token lives in the agent's memory: root inside, lacking
+	// CAP_SYS_PTRACE, must not be able to read it (/proc/1/mem needs the
+	// same access as ptrace, as do maps and environ).
+	if out, _, code := s.Exec(t, "cat /proc/1/maps"); code == 0 {
+		t.Errorf("root inside can read PID 1's memory map (and so its memory):\n%.300s", out)
+	}
 	filepath.WalkDir(s.RootFS.Upper, func(p string, e fs.DirEntry, err error) error {
 		if err == nil && e.Type().IsRegular() {
 			if b, _ := os.ReadFile(p); bytes.Contains(b, []byte(s.token)) {
