@@ -477,7 +477,13 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 // lifecycle transition in progress: an instance's Conn.Gone closes as its
 // halt begins, and the halt records why only as it ends.
 func (m *Manager) StatusMessage(ctx context.Context, id string) string {
-	m.lock(id)()
+	m.mu.Lock()
+	l := m.locks[id] // not m.lock: a deleted sandbox must not get its lock back
+	m.mu.Unlock()
+	if l != nil {
+		l.Lock()
+		l.Unlock() //lint:ignore SA2001 waiting for the transition is the point
+	}
 	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
 	if err != nil {
 		return ""
