@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -62,9 +63,9 @@ func (e *HTTPError) Is(target error) bool {
 // connections alive, so repeated calls cost one round trip each. Safe for
 // concurrent use.
 type Client struct {
-	base  string // http://addr
-	ws    string // ws://addr
-	auth  string
+	base  string                 // http://addr
+	ws    string                 // ws://addr
+	auth  atomic.Pointer[string] // "Bearer <token>"; RotateToken replaces it
 	httpc *http.Client
 }
 
@@ -86,12 +87,18 @@ func NewClient(addr, token string) *Client {
 		// The agent is untrusted: bound what a response's headers may cost.
 		MaxResponseHeaderBytes: 64 << 10,
 	}
-	return &Client{
+	c := &Client{
 		base:  "http://" + addr,
 		ws:    "ws://" + addr,
-		auth:  "Bearer " + token,
 		httpc: &http.Client{Transport: tr},
 	}
+	c.setToken(token)
+	return c
+}
+
+func (c *Client) setToken(token string) {
+	a := "Bearer " + token
+	c.auth.Store(&a)
 }
 
 // Close releases idle connections.
@@ -143,7 +150,7 @@ func (c *Client) WaitReady(ctx context.Context, interval time.Duration) error {
 func (c *Client) DialExec(ctx context.Context) (*websocket.Conn, error) {
 	conn, resp, err := websocket.Dial(ctx, c.ws+"/v1/exec", &websocket.DialOptions{
 		HTTPClient: c.httpc,
-		HTTPHeader: http.Header{TokenHeader: {c.auth}},
+		HTTPHeader: http.Header{TokenHeader: {*c.auth.Load()}},
 	})
 	if err != nil {
 		if resp != nil && resp.StatusCode == http.StatusUnauthorized {
@@ -383,7 +390,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, hdr 
 	for k, vs := range hdr {
 		req.Header[k] = append([]string(nil), vs...)
 	}
-	req.Header.Set(TokenHeader, c.auth)
+	req.Header.Set(TokenHeader, *c.auth.Load())
 	resp, err := c.httpc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("agent: %s %s: %w", method, path, err)

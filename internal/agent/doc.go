@@ -11,6 +11,7 @@
 // The agent's HTTP API (every request needs TokenHeader):
 //
 //	GET  /v1/health                 {"ok":true}
+//	POST /v1/token                  {"token"}: replace the token (204); see token.go
 //	GET  /v1/memguard               MemGuardStats: the OOM guard's state and kills
 //	GET  /v1/exec                   WebSocket, spec §6 frames (plus "resize")
 //	GET  /v1/files?path=            file bytes; Range, If-Range, If-None-Match
@@ -45,10 +46,6 @@ package agent
 
 // Port is the TCP port the agent listens on inside every sandbox.
 const Port = 49983
-
-// TokenEnv is the environment variable that hands PID 1 its token. The agent
-// removes it from the environment of every command it runs.
-const TokenEnv = "CUBICLE_AGENT_TOKEN"
 
 // TokenHeader carries the per-sandbox token on every daemon→agent request,
 // as "Bearer <token>".

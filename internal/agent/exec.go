@@ -244,7 +244,6 @@ func (s *Server) commandEnv(vars map[string]string, id identity, pty bool) []str
 			env[k] = v
 		}
 	}
-	delete(env, TokenEnv)
 	out := make([]string, 0, len(env))
 	for k, v := range env {
 		out = append(out, k+"="+v)

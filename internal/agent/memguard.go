@@ -86,8 +86,9 @@ type MemGuardStats struct {
 type memGuard struct {
 	limit, threshold int64
 	fast, slow       time.Duration
-	// usage returns the sandbox's memory in use, in bytes.
-	usage func() (int64, error)
+	// usage returns the sandbox's memory in use and the part of it held
+	// by tmpfs files, in bytes.
+	usage func() (used, tmpfs int64, err error)
 	// pids lists the candidate processes (all of procDir's by default).
 	pids    func() ([]int, error)
 	procDir string
@@ -126,7 +127,7 @@ func newMemGuard(limit int64, log *slog.Logger) (*memGuard, func()) {
 		g.stats.Reason = err.Error()
 		return g, func() {}
 	}
-	total, _, err := m.read()
+	total, _, _, err := m.read()
 	switch {
 	case err != nil:
 		g.stats.Reason = err.Error()
@@ -172,19 +173,21 @@ func (g *memGuard) run(ctx context.Context) {
 		case <-t.C:
 		}
 		next := g.slow
-		u, err := g.usage()
+		u, tmpfs, err := g.usage()
 		switch {
 		case err != nil:
 			if !failing {
 				g.log.Warn("memguard: read usage", "err", err)
 			}
 		case u >= g.threshold:
-			// Confirm with the processes' RSS, which unlike meminfo
-			// drops the moment a victim exits: a high meminfo with
-			// small processes is memory on its way back (or in tmpfs,
-			// which no kill frees).
-			if rss := g.rssTotal(); rss >= g.threshold {
-				g.act(ctx, max(u, rss))
+			// Confirm with the processes' RSS plus tmpfs, which unlike
+			// meminfo drops the moment a victim exits: a high meminfo
+			// with small processes and little in tmpfs is memory on its
+			// way back. tmpfs counts because no kill frees it, so the
+			// processes must fit in what it leaves (the drivers size
+			// tmpfs mounts to a fraction of the limit for that).
+			if rss := g.rssTotal(); rss+tmpfs >= g.threshold {
+				g.act(ctx, max(u, rss+tmpfs))
 			}
 			next = g.fast
 		case float64(u) >= guardFastAbove*float64(g.threshold) || u-prev > g.limit/guardJumpDivisor:
@@ -308,15 +311,16 @@ func openMeminfo(path string) (*meminfo, error) {
 
 func (m *meminfo) close() { syscall.Close(m.fd) }
 
-// read returns MemTotal and MemAvailable in bytes.
-func (m *meminfo) read() (total, avail int64, err error) {
+// read returns MemTotal, MemAvailable and Shmem (tmpfs; 0 when absent) in
+// bytes.
+func (m *meminfo) read() (total, avail, shmem int64, err error) {
 	// One pread: the whole file fits the buffer.
 	n, err := syscall.Pread(m.fd, m.buf, 0)
 	for errors.Is(err, syscall.EINTR) {
 		n, err = syscall.Pread(m.fd, m.buf, 0)
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("memguard: read meminfo: %w", err)
+		return 0, 0, 0, fmt.Errorf("memguard: read meminfo: %w", err)
 	}
 	total, avail = -1, -1
 	for line := range bytes.Lines(m.buf[:n]) {
@@ -325,21 +329,24 @@ func (m *meminfo) read() (total, avail int64, err error) {
 			total = meminfoKB(line)
 		case bytes.HasPrefix(line, []byte("MemAvailable:")):
 			avail = meminfoKB(line)
+		case bytes.HasPrefix(line, []byte("Shmem:")):
+			shmem = max(meminfoKB(line), 0)
 		}
 	}
 	if total < 0 || avail < 0 {
-		return 0, 0, errors.New("memguard: meminfo lacks MemTotal or MemAvailable")
+		return 0, 0, 0, errors.New("memguard: meminfo lacks MemTotal or MemAvailable")
 	}
-	return total, avail, nil
+	return total, avail, shmem, nil
 }
 
 // usage is MemTotal - MemAvailable: under gVisor, every page the sandbox's
 // memory file holds (anonymous memory, tmpfs, page cache in use), each
 // counted once. It lags the host by at most one of the Sentry's commit
-// scans (throttled to one per 10 ms for small sandboxes).
-func (m *meminfo) usage() (int64, error) {
-	total, avail, err := m.read()
-	return total - avail, err
+// scans (throttled to one per 10 ms for small sandboxes). tmpfs is the
+// Shmem line: gVisor's tmpfs pages.
+func (m *meminfo) usage() (used, tmpfs int64, err error) {
+	total, avail, shmem, err := m.read()
+	return total - avail, shmem, err
 }
 
 // meminfoKB parses "Name:   1234 kB" into bytes, or -1.

@@ -64,7 +64,7 @@ func TestMemGuardKillsLargestOverThreshold(t *testing.T) {
 			}
 			noted = append(noted, k)
 		},
-		usage: func() (int64, error) { return 70 << 20, nil },
+		usage: func() (int64, int64, error) { return 70 << 20, 0, nil },
 	}
 	g.pids = func() ([]int, error) { return listPIDs(dir) }
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
@@ -101,7 +101,7 @@ func TestMemGuardQuietUnderThresholdOrWithSmallProcesses(t *testing.T) {
 				fast: time.Millisecond, slow: time.Millisecond, procDir: dir,
 				log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 				kill:  func(pid int) error { t.Errorf("killed %d", pid); return nil },
-				usage: func() (int64, error) { return usage, nil },
+				usage: func() (int64, int64, error) { return usage, 0, nil },
 			}
 			g.pids = func() ([]int, error) { return listPIDs(dir) }
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
@@ -111,6 +111,35 @@ func TestMemGuardQuietUnderThresholdOrWithSmallProcesses(t *testing.T) {
 				t.Errorf("stats %+v", st)
 			}
 		})
+	}
+}
+
+// TestMemGuardCountsTmpfs checks that memory held in tmpfs, which no kill
+// frees, counts towards the threshold: with /dev/shm holding half of the
+// limit, a process using the other half is killed, before the host cgroup
+// would kill the whole sandbox.
+func TestMemGuardCountsTmpfs(t *testing.T) {
+	mib := (1 << 20) / int64(os.Getpagesize())
+	dir := fakeProc(t, map[int]struct {
+		comm  string
+		state byte
+		pages int64
+		adj   int
+	}{5: {"sh", 'S', 2 * mib, 0}, 9: {"python", 'R', 31 * mib, 0}})
+	var killed []int
+	g := &memGuard{
+		limit: 64 << 20, threshold: GuardThreshold(64 << 20),
+		fast: time.Millisecond, slow: time.Millisecond, procDir: dir,
+		log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		kill:  func(pid int) error { killed = append(killed, pid); return nil },
+		usage: func() (int64, int64, error) { return 64 << 20, 32 << 20, nil },
+	}
+	g.pids = func() ([]int, error) { return listPIDs(dir) }
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	g.run(ctx)
+	if len(killed) == 0 || killed[0] != 9 {
+		t.Fatalf("killed %v, want 9: 33 MiB of processes plus 32 MiB of tmpfs are over a 64 MiB limit", killed)
 	}
 }
 

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -95,6 +96,9 @@ func spawn(r *reaper, spec procSpec) (*proc, error) {
 	attr := &syscall.ProcAttr{Dir: spec.dir, Env: spec.env, Files: files, Sys: sys}
 	argv := []string{spec.shell, "-c", spec.command}
 	pid, exited, err := r.start(func() (int, error) { return syscall.ForkExec(spec.shell, argv, attr) })
+	if errors.Is(err, syscall.EAGAIN) {
+		return fail(fmt.Errorf("start %s: the sandbox is at its limit of processes and threads (one per MiB of mem_bytes, at most the daemon's pids limit), e.g. after a fork bomb: wait for processes to exit or kill some: %w", spec.shell, err))
+	}
 	if err != nil {
 		return fail(fmt.Errorf("start %s: %w", spec.shell, err))
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,10 +28,11 @@ const stopGrace = 5 * time.Second
 const defaultBufMax = 16 << 20
 
 // Server is the agent's HTTP API: health, exec WebSocket, files and search.
-// Every request must carry the token it was created with. A Server owns the
-// sessions of the commands it starts; Close kills them.
+// Every request must carry its current token: the one it was created with
+// until POST /v1/token replaces it. A Server owns the sessions of the
+// commands it starts; Close kills them.
 type Server struct {
-	token    []byte
+	token    atomic.Pointer[[]byte]
 	log      *slog.Logger
 	reaper   *reaper
 	sessions *sessionTable
@@ -50,7 +52,7 @@ type Option func(*Server)
 func WithLogger(l *slog.Logger) Option { return func(s *Server) { s.log = l } }
 
 // WithBaseEnv sets the environment every command starts from (default: the
-// agent's own environment). TokenEnv is always removed.
+// agent's own environment).
 func WithBaseEnv(env []string) Option { return func(s *Server) { s.baseEnv = env } }
 
 // WithReapAll makes the Server collect the exit status of every child of the
@@ -73,13 +75,14 @@ func NewServer(token string, opts ...Option) (*Server, error) {
 		return nil, errors.New("agent: empty token")
 	}
 	s := &Server{
-		token:    []byte(token),
 		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 		reaper:   newReaper(false),
 		sessions: newSessionTable(defaultBufMax),
 		baseEnv:  os.Environ(),
 		root:     "/",
 	}
+	tok := []byte(token)
+	s.token.Store(&tok)
 	for _, o := range opts {
 		o(s)
 	}
@@ -87,6 +90,7 @@ func NewServer(token string, opts ...Option) (*Server, error) {
 	s.guard.onKill = s.noteOOMKill
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /v1/health", s.handleHealth)
+	s.mux.HandleFunc("POST /v1/token", s.handleRotateToken)
 	s.mux.HandleFunc("GET /v1/memguard", s.handleMemGuard)
 	s.mux.HandleFunc("GET /v1/activity", s.handleActivity)
 	s.mux.HandleFunc("GET /v1/exec", s.handleExec)
@@ -101,7 +105,7 @@ func NewServer(token string, opts ...Option) (*Server, error) {
 // ServeHTTP authenticates the request and routes it.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	got, ok := strings.CutPrefix(r.Header.Get(TokenHeader), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(got), s.token) != 1 {
+	if !ok || subtle.ConstantTimeCompare([]byte(got), *s.token.Load()) != 1 {
 		writeError(w, http.StatusUnauthorized, "Unauthorized", "missing or invalid agent token")
 		return
 	}
@@ -134,7 +138,7 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	pid1 := os.Getpid() == 1
-	env := withoutVar(withoutVar(os.Environ(), TokenEnv), MemLimitEnv)
+	env := withoutVar(os.Environ(), MemLimitEnv)
 	opts := []Option{WithLogger(log), WithBaseEnv(env), WithMemLimit(parseMemLimit(os.Getenv(MemLimitEnv)))}
 	if pid1 {
 		opts = append(opts, WithReapAll())

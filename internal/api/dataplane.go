@@ -10,6 +10,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/coder/websocket"
@@ -96,7 +97,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, agent.ErrCommandTimeout):
 		writeDetail(w, http.StatusRequestTimeout, protocol.ErrCommandTimeout, fmt.Sprintf("command timed out after %ds", timeout))
-	case err != nil && isClosed(conn.Gone):
+	case err != nil && closedWithin(conn.Gone, goneWait):
 		writeDetail(w, http.StatusBadGateway, "ConnectionError", "the sandbox stopped while the command ran: "+s.mgr.StatusMessage(r.Context(), r.PathValue("id")))
 	case err != nil:
 		writeDetail(w, http.StatusBadGateway, "ConnectionError", err.Error())
@@ -226,45 +227,60 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 	relay(ctx, conn, up, dp.Gone, dp.Touch, func() string { return s.mgr.StatusMessage(context.WithoutCancel(ctx), id) })
 }
 
+// goneWait bounds how long a relay whose agent connection broke waits for
+// the manager to notice that the sandbox died (its watcher fires within
+// milliseconds of the exit).
+const goneWait = 2 * time.Second
+
 // relay copies frames both ways until one side closes, then closes the other
 // with the same status, so the client sees the agent's normal closure after
 // exit and the agent sees a client's disconnect. If the sandbox instance
 // goes (stopped, or died e.g. out of memory), its commands are gone with
 // it: the client gets a terminal error frame saying why (why() gives the
-// sandbox's status message), so it neither hangs nor reconnects and wakes
-// a sandbox the user just stopped. Every frame, either way, calls touch
-// (activity for the idle TTL).
+// sandbox's status message), so it neither hangs nor reconnects, which
+// would wake a sandbox the user just stopped, or reach the next instance
+// and hear CommandNotFound instead of the reason. Every frame, either way,
+// calls touch (activity for the idle TTL).
+//
+// Neither pipe's context is cancelled before the client has been told:
+// the websocket library closes a connection whose read or write context
+// ends.
 func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}, touch func(), why func() string) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	go func() {
-		err := pipe(ctx, up, client, touch)
+	upErr, clientErr := make(chan error, 1), make(chan error, 1)
+	go func() { upErr <- pipe(ctx, up, client, touch) }()
+	go func() { clientErr <- pipe(ctx, client, up, touch) }()
+	select {
+	case err := <-clientErr:
 		up.Close(closeStatus(err), "")
-		cancel()
-	}()
-	go func() {
-		select {
-		case <-gone:
-			up.CloseNow()
-			msg := "the sandbox stopped while the command ran"
-			if reason := why(); reason != "" {
-				msg += ": " + reason
-			}
-			_ = wsjson.Write(ctx, client, protocol.ExecFrame{Type: protocol.FrameError, ErrorType: protocol.ErrCommandError, Error: msg})
-			client.Close(websocket.StatusNormalClosure, "sandbox stopped")
-		case <-ctx.Done():
+		return
+	case err := <-upErr:
+		// A close frame is the agent's answer; a broken connection may be
+		// the sandbox dying, which gone confirms.
+		if websocket.CloseStatus(err) != -1 || !closedWithin(gone, goneWait) {
+			client.Close(closeStatus(err), "")
+			return
 		}
-	}()
-	err := pipe(ctx, client, up, touch)
-	client.Close(closeStatus(err), "")
+	case <-gone:
+		up.CloseNow()
+	}
+	msg := "the sandbox stopped while the command ran"
+	if reason := why(); reason != "" {
+		msg += ": " + reason
+	}
+	_ = wsjson.Write(ctx, client, protocol.ExecFrame{Type: protocol.FrameError, ErrorType: protocol.ErrCommandError, Error: msg})
+	client.Close(websocket.StatusNormalClosure, "sandbox stopped")
 }
 
-// isClosed reports whether ch is closed.
-func isClosed(ch <-chan struct{}) bool {
+// closedWithin reports whether ch is closed within d.
+func closedWithin(ch <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
 	case <-ch:
 		return true
-	default:
+	case <-t.C:
 		return false
 	}
 }

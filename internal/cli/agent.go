@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -13,9 +11,9 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent"
 )
 
-// newAgentCmd is `cubicle agent`, PID 1 inside every sandbox. The token comes
-// only from the environment (never argv, which other processes can read) and
-// is removed from it before any command runs.
+// newAgentCmd is `cubicle agent`, PID 1 inside every sandbox. The token
+// comes only from standard input (see agent.ReadToken), never the
+// environment or argv, which root inside can read in /proc/1.
 func newAgentCmd() *cobra.Command {
 	var listen string
 	var verbose bool
@@ -25,12 +23,9 @@ func newAgentCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			token := os.Getenv(agent.TokenEnv)
-			if token == "" {
-				return errors.New("agent: " + agent.TokenEnv + " is not set")
-			}
-			if err := os.Unsetenv(agent.TokenEnv); err != nil {
-				return fmt.Errorf("agent: unset %s: %w", agent.TokenEnv, err)
+			token, err := agent.ReadToken(os.Stdin)
+			if err != nil {
+				return err
 			}
 			level := slog.LevelInfo
 			if verbose {

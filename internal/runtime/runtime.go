@@ -10,6 +10,8 @@ package runtime
 
 import (
 	"context"
+	"fmt"
+	"os"
 )
 
 // AgentMountPath is where the cubicle binary appears, read-only, inside every
@@ -23,8 +25,53 @@ type Limits struct {
 	MilliCPUs int64
 	// MemBytes bounds memory; exceeding it gets processes OOM-killed.
 	MemBytes int64
-	// PidsMax bounds the number of tasks (fork-bomb protection).
+	// PidsMax bounds the number of tasks (fork-bomb protection); see Tasks
+	// for the bound drivers actually enforce.
 	PidsMax int64
+}
+
+// Sizing of the bounds derived from MemBytes, shared by every driver so a
+// sandbox behaves the same whatever runs it.
+const (
+	// TaskBytes is the memory a sandbox is assumed to spend per task. A
+	// forked shell holds 0.1-0.4 MiB of its own pages; under gVisor every
+	// task also costs the host about 0.55 MiB outside the sandbox's own
+	// accounting (systrap stubs, Sentry state; measured: 500 sleepers
+	// raised the host cgroup by 267 MiB while /proc/meminfo inside rose by
+	// 48 MiB). One task per MiB keeps a fork bomb's memory well inside
+	// the limit, so it runs out of tasks (EAGAIN), not memory.
+	TaskBytes = 1 << 20
+	// MinTasks is the task bound of the smallest sandboxes.
+	MinTasks = 64
+	// DefaultTmpfsBytes sizes tmpfs mounts of a sandbox without a memory
+	// limit.
+	DefaultTmpfsBytes = 64 << 20
+)
+
+// Tasks is the number of tasks (processes and threads) the driver lets the
+// sandbox have: PidsMax, lowered to one per TaskBytes of MemBytes (at least
+// MinTasks). Zero means no bound.
+func (l Limits) Tasks() int64 {
+	n := l.PidsMax
+	if l.MemBytes > 0 {
+		byMem := max(l.MemBytes/TaskBytes, MinTasks)
+		if n <= 0 || byMem < n {
+			n = byMem
+		}
+	}
+	return n
+}
+
+// TmpfsBytes is the size of each writable tmpfs the driver mounts (/tmp
+// where it is one, /dev/shm): a quarter of MemBytes. tmpfs pages are memory
+// that no kill frees, so unsized mounts let one `dd` fill the sandbox's
+// memory and get the whole sandbox killed; at a quarter each, filling them
+// all fails with ENOSPC and leaves half of the memory to processes.
+func (l Limits) TmpfsBytes() int64 {
+	if l.MemBytes <= 0 {
+		return DefaultTmpfsBytes
+	}
+	return l.MemBytes / 4
 }
 
 // Spec describes one sandbox instance to start.
@@ -37,8 +84,14 @@ type Spec struct {
 	// AgentBinary is the host path of the cubicle binary, bound read-only at
 	// AgentMountPath.
 	AgentBinary string
-	// Env is the environment of PID 1 (the agent), e.g. its token and port.
+	// Env is the environment of PID 1 (the agent). Root inside the sandbox
+	// can read it (/proc/1/environ): never put a secret there.
 	Env []string
+	// Token is the agent's token. Drivers write it into a pipe that
+	// becomes PID 1's standard input and close it before the agent runs
+	// (see agent.ReadToken), so it is never in the environment, argv or a
+	// file of the sandbox.
+	Token string
 	// Hostname is the sandbox's UTS hostname.
 	Hostname string
 	// NetNS is the path of a network namespace (bind-mounted nsfs file) that
@@ -87,7 +140,27 @@ type Checkpointer interface {
 	// dir (written by Checkpoint) instead of booting: PID 1 is not started
 	// again. spec.RootFS must show the same files the source's rootfs
 	// showed at the checkpoint; spec.NetNS may differ (another address).
-	// The restored processes keep the environment they had, so spec.Env is
-	// ignored; the UTS hostname is the source's too.
+	// The restored processes keep the environment they had, so spec.Env
+	// and spec.Token are ignored (the agent holds the source's token until
+	// the caller replaces it); the UTS hostname is the source's too.
 	Restore(ctx context.Context, spec Spec, dir string) error
+}
+
+// TokenPipe returns the read end of a pipe holding token and nothing more
+// (the write end is closed), to become the agent's standard input. The
+// token fits the pipe's buffer, so nothing has to wait for a reader.
+func TokenPipe(token string) (*os.File, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("token pipe: %w", err)
+	}
+	_, err = w.WriteString(token)
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		r.Close()
+		return nil, fmt.Errorf("token pipe: %w", err)
+	}
+	return r, nil
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -29,22 +30,20 @@ import (
 // included. Restarting it later boots it cold from its files, like any
 // sandbox; so does a reset to a memory snapshot.
 //
-// The agent token. The restored agent still holds the token it was started
-// with, and its memory cannot be edited from outside; so a sandbox created
-// from a memory snapshot is given the source's token, and the source and
-// all its restored branches share one token. What that allows: the token
-// only lets the daemon in, over the sandbox's address, and sandboxes cannot
-// reach each other or the host (the nftables table drops it), so a sandbox
-// that reads the token out of its own memory gains nothing it did not have
-// — it already holds every other secret of its source, which a memory
-// snapshot copies wholesale (keys, tokens, RNG state, TLS sessions). Only
-// something that can already connect from the host's network namespace
-// could use a leaked token, against every member of the family instead of
-// one. Not shared: the daemon's API credentials, which never enter a
-// sandbox. Each restored branch gets its own /etc/machine-id file, but
-// shares the source's hostname and in-memory state, including userspace
-// RNG state and any machine-id a process read before the capture (so random
-// numbers may repeat); reset or restart a branch to give it its own.
+// The agent token. The restored agent wakes up holding the token its
+// source had at the capture (kept in tokenFile, next to the image, on the
+// host); the daemon replaces it through the agent's authenticated
+// POST /v1/token with the branch's own fresh token before the branch is
+// handed out (waitAgent), so the source's token does not open a branch, nor
+// a branch's its source or siblings, and a process inside that reads the
+// old token out of the agent's memory holds a token nothing accepts. What a
+// memory snapshot does copy wholesale is every other secret of its source
+// (keys, tokens, RNG state, TLS sessions); the daemon's API credentials
+// never enter a sandbox. Each restored branch gets its own /etc/machine-id
+// file, but shares the source's hostname and in-memory state, including
+// userspace RNG state and any machine-id a process read before the capture
+// (so random numbers may repeat); reset or restart a branch to give it its
+// own.
 
 const (
 	memoryImageDir = "image"
@@ -67,17 +66,32 @@ func (m *Manager) memoryImage(sn *store.Snapshot) (string, bool) {
 	return filepath.Join(dir, memoryImageDir), true
 }
 
-// agentToken is the agent token of a new sandbox created from sn: the
-// source's for a memory snapshot (see the package notes above), else a
-// fresh random one.
-func (m *Manager) agentToken(sn *store.Snapshot) string {
-	if sn.SourceSandboxID != "" {
+// waitAgent waits until the new instance's agent answers at addr and
+// returns a client for it holding token. A restored agent (restore) still
+// holds the token its source had at the capture, recorded in sn's
+// tokenFile: it is replaced by token before the sandbox is handed out, so
+// the source and every branch each answer to their own token only.
+func (m *Manager) waitAgent(ctx context.Context, addr, token string, sn *store.Snapshot, restore bool) (*agent.Client, error) {
+	boot := token
+	if restore {
 		b, err := os.ReadFile(filepath.Join(m.cfg.Storage.MemoryDir(sn.ID), tokenFile))
-		if err == nil && len(strings.TrimSpace(string(b))) > 0 {
-			return strings.TrimSpace(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("read memory snapshot %s's agent token: %w", sn.ID, err)
+		}
+		boot = strings.TrimSpace(string(b))
+	}
+	client := agent.NewClient(addr, boot)
+	if err := client.WaitReady(ctx, 2*time.Millisecond); err != nil {
+		client.Close()
+		return nil, fmt.Errorf("wait for agent: %w", err)
+	}
+	if restore {
+		if err := client.RotateToken(ctx, token); err != nil {
+			client.Close()
+			return nil, fmt.Errorf("give the restored agent its own token: %w", err)
 		}
 	}
-	return randomHex(32)
+	return client, nil
 }
 
 // checkpointAndCapture is freezeAndCapture with memory: sb (ready) is

@@ -47,7 +47,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 		FSCapacityBytes:        or(req.FSCapacityBytes, sn.FSCapacityBytes),
 		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
 		DeleteAfterStopSeconds: or(req.DeleteAfterStopSeconds, lim.DefaultDeleteAfterStop),
-		RunConfig:              req.RunConfig, Token: m.agentToken(sn), CreatedAt: now, UpdatedAt: now,
+		RunConfig:              req.RunConfig, Token: randomHex(32), CreatedAt: now, UpdatedAt: now,
 		ProxyConfig: proxyConfig,
 	}
 	if sb.Name == "" {
@@ -170,9 +170,17 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		return err
 	}
 	undo.Push(func(ctx context.Context) error { m.egressDown(ctx, sb.ID); return nil })
+	// Every instance gets a fresh agent token, recorded before the agent
+	// exists (a re-adopting daemon reads it back): the previous instance's
+	// token, and a memory snapshot's, never work on this one.
+	token := randomHex(32)
+	if err := m.cfg.Store.SetSandboxToken(ctx, sb.ID, token); err != nil {
+		return err
+	}
+	sb.Token = token
 	spec := runtime.Spec{
 		ID: rid, RootFS: rootfs, AgentBinary: m.cfg.AgentBinary,
-		Env:      append([]string{agent.TokenEnv + "=" + sb.Token}, egressEnv...),
+		Env: egressEnv, Token: token,
 		Hostname: hostname(sb), NetNS: ep.NetNS,
 		Limits: runtime.Limits{MilliCPUs: sb.VCPUs * 1000, MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
 	}
@@ -186,9 +194,9 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	}
 	undo.Push(func(ctx context.Context) error { return m.cfg.Driver.Stop(ctx, rid) })
 	tDriver := time.Now()
-	client := agent.NewClient(agentAddr(ep.SandboxIP), sb.Token)
-	if err := client.WaitReady(ctx, 2*time.Millisecond); err != nil {
-		return &BootError{Err: fmt.Errorf("wait for agent: %w", err)}
+	client, err := m.waitAgent(ctx, agentAddr(ep.SandboxIP), token, sn, restore)
+	if err != nil {
+		return &BootError{Err: err}
 	}
 	tAgent := time.Now()
 	m.limitFS(ctx, sb, sb.FSCapacityBytes)
@@ -481,8 +489,17 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 }
 
 // StatusMessage returns sandbox id's status message ("" if unknown), for
-// errors that need to say why a sandbox went away.
+// errors that need to say why a sandbox went away. It first waits for a
+// lifecycle transition in progress: an instance's Conn.Gone closes as its
+// halt begins, and the halt records why only as it ends.
 func (m *Manager) StatusMessage(ctx context.Context, id string) string {
+	m.mu.Lock()
+	l := m.locks[id] // not m.lock: a deleted sandbox must not get its lock back
+	m.mu.Unlock()
+	if l != nil {
+		l.Lock()
+		l.Unlock() //lint:ignore SA2001 waiting for the transition is the point
+	}
 	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
 	if err != nil {
 		return ""

@@ -570,6 +570,20 @@ func (s *SQLite) CountSandboxesUsingSnapshot(ctx context.Context, id string) (in
 	return n, nil
 }
 
+// SetSandboxToken records sandbox id's agent token. It is the only writer of
+// the token after CreateSandbox, so a record read before a boot cannot roll
+// the token back.
+func (s *SQLite) SetSandboxToken(ctx context.Context, id, token string) error {
+	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET token=? WHERE id=?`, token, id)
+	if err != nil {
+		return fmt.Errorf("record agent token of sandbox %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
 // SetSandboxActivity records when sandbox id was last active. It never
 // moves the time backwards.
 func (s *SQLite) SetSandboxActivity(ctx context.Context, id string, at time.Time) error {

@@ -156,6 +156,9 @@ type Store interface {
 	DeleteSandbox(ctx context.Context, id string) error
 	// SetSandboxActivity persists a sandbox's last activity (never backwards).
 	SetSandboxActivity(ctx context.Context, id string, at time.Time) error
+	// SetSandboxToken persists the agent token of sandbox id's next (or
+	// current) instance; UpdateSandbox never writes the token.
+	SetSandboxToken(ctx context.Context, id, token string) error
 
 	CreateRegistry(ctx context.Context, r *Registry) error
 	UpdateRegistry(ctx context.Context, r *Registry) error

@@ -9,7 +9,6 @@
 package drivertest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -21,7 +20,6 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
-	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // Run runs the suite. newDriver is called once per subtest; calling it again
@@ -83,46 +81,14 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 			t.Fatalf("guard killed under the limit: %+v", st.LastKill)
 		}
 	})
-	t.Run("ForkBombIsContained", func(t *testing.T) {
-		const max = 64
-		d := newDriver(t)
-		s := env.Start(t, d, runtime.Limits{PidsMax: max}, nil)
-		// Fork sleepers until fork fails, recording progress with builtins
-		// only; ash gives up at the first failed fork.
-		s.Exec(t, "i=0; while [ $i -lt 300 ]; do sleep 2 & i=$((i+1)); echo $i > /tmp/n; done")
-		// The sleepers hold the pids until they exit (and the loop may fork
-		// more as they do): retry until the sandbox can fork again. The
-		// agent itself may fail to fork the shell (EAGAIN, an error frame
-		// rather than an exit code): that is retried too.
-		execWhenForkable := func(cmd string) string {
-			for deadline := time.Now().Add(15 * time.Second); ; {
-				var o bytes.Buffer
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				code, err := s.Client.Exec(ctx, protocol.ExecFrame{Command: cmd, Shell: "/bin/sh"}, &o, nil)
-				cancel()
-				if err == nil && code == 0 {
-					return o.String()
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("sandbox cannot run %q 15 s after the bomb: code %d, %v", cmd, code, err)
-				}
-				time.Sleep(500 * time.Millisecond)
-			}
-		}
-		time.Sleep(500 * time.Millisecond)
-		n, _ := strconv.Atoi(strings.TrimSpace(execWhenForkable("cat /tmp/n")))
-		t.Logf("forked %d sleepers before the pids limit", n)
-		if n <= 0 || n >= max {
-			t.Errorf("forked %d sleepers, want fewer than PidsMax=%d", n, max)
-		}
-		if out := execWhenForkable("echo alive"); out != "alive\n" {
-			t.Fatalf("agent after fork bomb: %q", out)
-		}
-		other := env.Start(t, d, runtime.Limits{PidsMax: max}, nil)
-		if out := other.MustExec(t, "echo ok"); out != "ok\n" {
-			t.Fatalf("second sandbox: %q", out)
-		}
+	t.Run("ForkBombIsContained", func(t *testing.T) { testForkBomb(t, env, newDriver(t), runtime.Limits{PidsMax: 64}) })
+	// The daemon's default pids bound under a small memory limit: the
+	// bomb must run out of tasks before the sandbox runs out of memory.
+	t.Run("ForkBombUnderMemoryLimit", func(t *testing.T) {
+		testForkBomb(t, env, newDriver(t), runtime.Limits{MemBytes: 256 << 20, PidsMax: 4096})
 	})
+	t.Run("TmpfsFillIsContained", func(t *testing.T) { testTmpfsFill(t, env, newDriver(t)) })
+	t.Run("TokenHiddenInside", func(t *testing.T) { testTokenHidden(t, env, newDriver(t)) })
 	t.Run("StopKillsEverything", func(t *testing.T) {
 		d := newDriver(t)
 		s := env.Start(t, d, runtime.Limits{}, nil)

@@ -273,7 +273,7 @@ func (e *Env) Prepare(tb testing.TB, limits runtime.Limits, mutate func(*runtime
 		ID:          NewID(),
 		RootFS:      s.RootFS.Merged,
 		AgentBinary: e.Agent,
-		Env:         []string{agent.TokenEnv + "=" + s.token},
+		Token:       s.token,
 		Hostname:    "sbx-" + NewID()[:8],
 		NetNS:       s.Net.Path,
 		Limits:      limits,

@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -85,7 +87,7 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 			Rlimits: rlimits(spec.Limits),
 		},
 		Hostname: spec.Hostname,
-		Mounts:   mounts(spec.AgentBinary),
+		Mounts:   append(mounts(spec.AgentBinary), tmpfsMounts(spec)...),
 		Linux: &specs.Linux{
 			CgroupsPath: "/cubicle/" + spec.ID,
 			Resources:   resources(spec.Limits),
@@ -111,32 +113,74 @@ func agentEnv(spec runtime.Spec) []string {
 	return env
 }
 
-// mounts lists the sandbox's mounts. runsc supplies /dev itself; the agent
-// is bound read-only so that nothing inside can replace PID 1's binary.
-// resolv.conf and hosts are files of the rootfs (runtime.WriteNetFiles),
-// which root inside may edit.
+// mounts lists the sandbox's mounts. runsc supplies /dev itself, as an
+// unsized tmpfs whatever the options say, so it is read-only: a file
+// written there would be memory no kill frees (its submounts /dev/pts and
+// /dev/shm stay writable). The agent is bound read-only so that nothing
+// inside can replace PID 1's binary. resolv.conf and hosts are files of the
+// rootfs (runtime.WriteNetFiles), which root inside may edit.
 func mounts(agentBinary string) []specs.Mount {
 	ro := []string{"rbind", "ro"}
 	return []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
-		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "ro"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		{Destination: runtime.AgentMountPath, Type: "bind", Source: agentBinary, Options: ro},
 	}
 }
 
+// tmpfsMounts are the sandbox's writable tmpfs mounts, each of
+// Limits.TmpfsBytes, since the Sentry keeps their pages in the sandbox's
+// memory: /dev/shm, and /tmp unless the image has files there. runsc would
+// otherwise mount an unsized tmpfs over an empty (or missing) /tmp itself;
+// a /tmp symlink gets the sized mount too, which runsc resolves inside the
+// sandbox's root.
+func tmpfsMounts(spec runtime.Spec) []specs.Mount {
+	size := fmt.Sprintf("size=%d", spec.Limits.TmpfsBytes())
+	m := []specs.Mount{{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", size}}}
+	if !keepsImageTmp(filepath.Join(spec.RootFS, "tmp")) {
+		m = append(m, specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", size}})
+	}
+	return m
+}
+
+// keepsImageTmp reports whether the rootfs's /tmp (host path p) must stay
+// as it is: a directory with files in it, or something that is neither a
+// directory nor a symlink (a mount over it would fail the boot). It never
+// follows a symlink on the host and reads at most one name, so a /tmp the
+// sandbox filled with millions of entries costs the daemon nothing.
+func keepsImageTmp(p string) bool {
+	fi, err := os.Lstat(p)
+	switch {
+	case err != nil:
+		return false
+	case fi.Mode()&os.ModeSymlink != 0:
+		return false
+	case !fi.IsDir():
+		return true
+	}
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_DIRECTORY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return true
+	}
+	defer f.Close()
+	_, err = f.Readdirnames(1)
+	return err != io.EOF
+}
+
 // rlimits are PID 1's resource limits, inherited by everything inside.
-// RLIMIT_NPROC carries PidsMax into the Sentry, which enforces it per uid on
-// every clone (EAGAIN) even for root, because the sandbox lacks
-// CAP_SYS_ADMIN and CAP_SYS_RESOURCE. That stops a fork bomb inside the
-// sandbox while the sandbox itself stays healthy; the host pids cgroup is
-// only a backstop (see hostPidsLimit).
+// RLIMIT_NPROC carries the task bound (Limits.Tasks) into the Sentry, which
+// enforces it per uid on every clone (EAGAIN) even for root, because the
+// sandbox lacks CAP_SYS_ADMIN and CAP_SYS_RESOURCE (so it cannot raise it
+// either). That stops a fork bomb inside the sandbox while the sandbox
+// itself stays healthy. runsc applies linux.resources.pids only to the host
+// cgroup, never inside the Sentry, so the host pids cgroup is only a
+// backstop (see hostPidsLimit).
 func rlimits(l runtime.Limits) []specs.POSIXRlimit {
 	r := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1 << 20, Soft: 1 << 20}}
-	if l.PidsMax > 0 {
-		r = append(r, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: uint64(l.PidsMax), Soft: uint64(l.PidsMax)})
+	if n := l.Tasks(); n > 0 {
+		r = append(r, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: uint64(n), Soft: uint64(n)})
 	}
 	return r
 }
@@ -150,8 +194,8 @@ func resources(l runtime.Limits) *specs.LinuxResources {
 		mem := l.MemBytes
 		r.Memory = &specs.LinuxMemory{Limit: &mem}
 	}
-	if l.PidsMax > 0 {
-		r.Pids = &specs.LinuxPids{Limit: hostPidsLimit(l.PidsMax)}
+	if n := l.Tasks(); n > 0 {
+		r.Pids = &specs.LinuxPids{Limit: hostPidsLimit(n)}
 	}
 	if l.MilliCPUs > 0 {
 		quota := l.MilliCPUs * cpuPeriod / 1000
@@ -162,15 +206,16 @@ func resources(l runtime.Limits) *specs.LinuxResources {
 }
 
 // hostPidsLimit is the host pids cgroup limit for a sandbox whose tasks are
-// limited to pidsMax. The host sees the Sentry's and gofer's own threads
-// (27 for an idle sandbox on a 2-core host) and systrap's stub processes and
-// threads (measured: about 1.5 per task) besides the sandbox's tasks, and a
-// Sentry that cannot create a thread dies, taking the whole sandbox with it.
-// So the host limit is a generous backstop above what RLIMIT_NPROC allows
-// inside: it only bites when tasks of several uids add up, and then only
-// that sandbox dies.
-func hostPidsLimit(pidsMax int64) int64 {
-	return 2*pidsMax + 256
+// limited to tasks. The host sees the Sentry's and gofer's own threads
+// (27 for an idle sandbox on a 2-core host, more when a busy host makes the
+// Go runtime add threads) and systrap's stub processes and threads
+// (measured: 2,069 host pids for 1,020 sleeping tasks) besides the
+// sandbox's tasks, and a Sentry that cannot create a thread dies, taking
+// the whole sandbox with it. So the host limit is a generous backstop above
+// what RLIMIT_NPROC allows inside: it only bites when tasks of several uids
+// add up, and then only that sandbox dies.
+func hostPidsLimit(tasks int64) int64 {
+	return 3*tasks + 512
 }
 
 // resolvConf builds the sandbox's resolv.conf from the host's (read from

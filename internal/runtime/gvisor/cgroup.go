@@ -9,6 +9,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
 // cgroupRoot is where the host's cgroup hierarchies are mounted.
@@ -24,21 +26,29 @@ func cgroupDirs(id string) []string {
 	return v1
 }
 
-// hostMemLimit is the host memory cgroup limit of a sandbox limited to
-// memBytes. The sandbox's own limit is enforced inside by the agent's OOM
-// guard, which kills the biggest process the way the kernel would; the host
-// limit is the backstop that kills the whole sandbox (Sentry included).
+// hostTaskBytes is what one task of the sandbox costs the host beyond what
+// the sandbox itself sees: systrap's stub process and thread, the Sentry's
+// task state (measured: 0.55 MiB per sleeping task), rounded up.
+const hostTaskBytes = 640 << 10
+
+// hostMemLimit is the host memory cgroup limit of a sandbox with limits l.
+// The sandbox's own limit (l.MemBytes) is enforced inside by the agent's
+// OOM guard, which kills the biggest process the way the kernel would; the
+// host limit is the backstop that kills the whole sandbox (Sentry
+// included).
 //
 // The headroom covers what the Sentry and gofer use besides the sandbox's
-// memory (about 25 MiB idle here) and, mostly, memory committed inside one
-// system call, which no poller can interrupt: reading 256 MiB from
-// /dev/zero into a fresh buffer commits all of it before the guard's
-// SIGKILL takes effect (the kernel, by contrast, charges page by page).
-// 256 MiB plus a quarter of memBytes lets such a single allocation of up to
-// about 200 MiB beyond the limit end in a normal OOM kill; a bigger one
-// still takes the whole sandbox down.
-func hostMemLimit(memBytes int64) int64 {
-	return memBytes + 256<<20 + memBytes/4
+// memory (about 25 MiB idle here); what every task costs the host outside
+// the sandbox's accounting (hostTaskBytes for each of l.Tasks(), so a fork
+// bomb runs into RLIMIT_NPROC before the host limit); and, mostly, memory
+// committed inside one system call, which no poller can interrupt: reading
+// 256 MiB from /dev/zero into a fresh buffer commits all of it before the
+// guard's SIGKILL takes effect (the kernel, by contrast, charges page by
+// page). 256 MiB plus a quarter of the limit lets such a single allocation
+// of up to about 200 MiB beyond the limit end in a normal OOM kill; a
+// bigger one still takes the whole sandbox down.
+func hostMemLimit(l runtime.Limits) int64 {
+	return l.MemBytes + 256<<20 + l.MemBytes/4 + l.Tasks()*hostTaskBytes
 }
 
 // raiseMemLimit sets sandbox id's host memory limit to limit. runsc is

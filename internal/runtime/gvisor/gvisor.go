@@ -197,11 +197,11 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) er
 	undo.Push(func(context.Context) error { return restoreNetConfig(dir) })
 	// runsc may have created part of the sandbox before failing.
 	undo.Push(func(ctx context.Context) error { return d.destroy(ctx, spec.ID) })
-	if err := d.runDetached(ctx, spec.ID, dir, image); err != nil {
+	if err := d.runDetached(ctx, spec.ID, dir, image, spec.Token); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
 	if spec.Limits.MemBytes > 0 {
-		if err := raiseMemLimit(spec.ID, hostMemLimit(spec.Limits.MemBytes)); err != nil {
+		if err := raiseMemLimit(spec.ID, hostMemLimit(spec.Limits)); err != nil {
 			return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 		}
 	}
@@ -212,19 +212,22 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) er
 // runDetached runs `runsc run --detach`, which creates and starts the
 // sandbox in one process and returns once PID 1 has been started.
 //
-// Stdio: stdin is /dev/null and stdout/stderr go to console.log, a file
-// rather than a pipe. The sandbox inherits these descriptors and keeps them
-// for its whole life, so a pipe would make cmd.Wait block until the sandbox
-// exits and would give the agent EPIPE/SIGPIPE once the daemon is gone.
+// Stdio: stdin is a pipe holding the agent's token, already closed for
+// writing (the agent reads it to EOF: see runtime.Spec.Token), and
+// stdout/stderr go to console.log, a file rather than a pipe. The sandbox
+// inherits these descriptors and keeps them for its whole life, so an
+// output pipe would make cmd.Wait block until the sandbox exits and would
+// give the agent EPIPE/SIGPIPE once the daemon is gone.
 //
 // With image set it runs `runsc restore --image-path image --detach`
-// instead, which starts the sandbox from a checkpoint.
-func (d *Driver) runDetached(ctx context.Context, id, dir, image string) error {
-	devNull, err := os.Open(os.DevNull)
+// instead, which starts the sandbox from a checkpoint; the restored agent
+// already has its token.
+func (d *Driver) runDetached(ctx context.Context, id, dir, image, token string) error {
+	stdin, err := runtime.TokenPipe(token)
 	if err != nil {
-		return fmt.Errorf("open %s: %w", os.DevNull, err)
+		return err
 	}
-	defer devNull.Close()
+	defer stdin.Close()
 	consolePath := filepath.Join(dir, consoleFile)
 	console, err := os.OpenFile(consolePath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -246,7 +249,7 @@ func (d *Driver) runDetached(ctx context.Context, id, dir, image string) error {
 	}
 	args = append(args, "--detach", "--bundle", dir, id)
 	cmd := d.command(ctx, args...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = devNull, console, console
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, console, console
 	// Its own session: no signal aimed at the daemon's process group or
 	// terminal reaches the sandbox. No Pdeathsig, deliberately.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

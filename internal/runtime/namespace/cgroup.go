@@ -58,8 +58,8 @@ func (cg cgroups) create(l runtime.Limits) error {
 				}
 			}
 		case "pids":
-			if l.PidsMax > 0 {
-				err = writeFile(dir, "pids.max", strconv.FormatInt(l.PidsMax, 10))
+			if n := l.Tasks(); n > 0 {
+				err = writeFile(dir, "pids.max", strconv.FormatInt(n, 10))
 			}
 		case "cpu":
 			if l.MilliCPUs > 0 {

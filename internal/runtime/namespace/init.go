@@ -34,6 +34,11 @@ type initConfig struct {
 	// netns (a user namespace may not mount sysfs for a netns it does not
 	// own).
 	SysFD int `json:"sys_fd"`
+	// Token is the agent's, put on its standard input (runtime.Spec.Token).
+	Token string `json:"token"`
+	// ShmBytes sizes /dev/shm (runtime.Limits.TmpfsBytes): its pages are
+	// charged to the sandbox's memory cgroup and no OOM kill frees them.
+	ShmBytes int64 `json:"shm_bytes"`
 }
 
 // Init is the entry point of the sandbox's PID 1 before it becomes the agent.
@@ -75,10 +80,13 @@ func runInit() error {
 			return fmt.Errorf("sethostname: %w", err)
 		}
 	}
-	if err := setupRoot(cfg.Mounts, cfg.SysFD); err != nil {
+	if err := setupRoot(cfg.Mounts, cfg.SysFD, cfg.ShmBytes); err != nil {
 		return err
 	}
 	if err := dropPrivileges(); err != nil {
+		return err
+	}
+	if err := tokenStdin(cfg.Token); err != nil {
 		return err
 	}
 	env := withDefaults(cfg.Env)
@@ -86,10 +94,24 @@ func runInit() error {
 	return fmt.Errorf("exec agent: %w", err)
 }
 
+// tokenStdin makes a pipe holding token, closed for writing, the standard
+// input the agent will read its token from.
+func tokenStdin(token string) error {
+	r, err := runtime.TokenPipe(token)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if err := unix.Dup3(int(r.Fd()), 0, 0); err != nil {
+		return fmt.Errorf("token stdin: %w", err)
+	}
+	return nil
+}
+
 // setupRoot makes the idmapped rootfs the root, with fresh /proc, a minimal
 // /dev, read-only /sys and the daemon's bind mounts, and the host's tree
 // detached.
-func setupRoot(mounts []fdMount, sys int) error {
+func setupRoot(mounts []fdMount, sys int, shmBytes int64) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
@@ -133,7 +155,7 @@ func setupRoot(mounts []fdMount, sys int) error {
 	if err := attach(sys, "/sys", false); err != nil {
 		return err
 	}
-	if err := setupDev(); err != nil {
+	if err := setupDev(shmBytes); err != nil {
 		return err
 	}
 	for _, m := range mounts[1:] {
@@ -145,13 +167,18 @@ func setupRoot(mounts []fdMount, sys int) error {
 	return nil
 }
 
-// setupDev mounts a tmpfs /dev with pts, shm and the usual symlinks. Device
-// nodes are bound from the host by the caller (mounts with /dev/ targets).
-func setupDev() error {
+// devBytes sizes the tmpfs /dev: it only holds directories and symlinks
+// (device nodes are bind mounts), and anything written there is memory.
+const devBytes = 1 << 20
+
+// setupDev mounts a tmpfs /dev with pts, shm (of shmBytes) and the usual
+// symlinks. Device nodes are bound from the host by the caller (mounts with
+// /dev/ targets).
+func setupDev(shmBytes int64) error {
 	if err := ensure("/dev", false); err != nil {
 		return err
 	}
-	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755,size=65536k"); err != nil {
+	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, fmt.Sprintf("mode=0755,size=%d", devBytes)); err != nil {
 		return fmt.Errorf("mount /dev: %w", err)
 	}
 	for _, d := range []string{"/dev/pts", "/dev/shm"} {
@@ -162,7 +189,7 @@ func setupDev() error {
 	if err := unix.Mount("devpts", "/dev/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5"); err != nil {
 		return fmt.Errorf("mount /dev/pts: %w", err)
 	}
-	if err := unix.Mount("shm", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777,size=65536k"); err != nil {
+	if err := unix.Mount("shm", "/dev/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, fmt.Sprintf("mode=1777,size=%d", shmBytes)); err != nil {
 		return fmt.Errorf("mount /dev/shm: %w", err)
 	}
 	links := [][2]string{

@@ -127,10 +127,11 @@ func TestEscape(t *testing.T) {
 	if got, want := field(string(b), "Uid"), "1000000\t1000000\t1000000\t1000000"; got != want {
 		t.Errorf("host view of PID 1 Uid = %q, want %q", got, want)
 	}
-	// The limits landed in the cgroups.
+	// The limits landed in the cgroups; pids.max is the task bound
+	// (runtime.Limits.Tasks): PidsMax 512 lowered to one per MiB of memory.
 	for file, want := range map[string]string{
 		"memory/cubicle-test/%s/memory.limit_in_bytes": "268435456",
-		"pids/cubicle-test/%s/pids.max":                "512",
+		"pids/cubicle-test/%s/pids.max":                "256",
 		"cpu/cubicle-test/%s/cpu.cfs_quota_us":         "150000",
 	} {
 		b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", fmt.Sprintf(file, s.Spec.ID)))

@@ -71,7 +71,8 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	cfg := initConfig{Hostname: spec.Hostname, Env: spec.Env, Mounts: mounts.targets,
-		SysFD: firstMountFD + len(mounts.files)} // appended by spawn
+		SysFD: firstMountFD + len(mounts.files), // appended by spawn
+		Token: spec.Token, ShmBytes: spec.Limits.TmpfsBytes()}
 
 	owner, err := d.allocOwner(spec.ID)
 	if err != nil {
