@@ -56,9 +56,11 @@ var rootCapabilities = []string{
 }
 
 // writeBundle writes config.json into dir, the sandbox's bundle
-// directory, which must exist.
-func writeBundle(dir string, spec runtime.Spec) error {
-	data, err := json.MarshalIndent(ociSpec(spec), "", "  ")
+// directory, which must exist. saved, when not nil, replaces the tmpfs
+// mounts and rlimits derived from spec (a restore must have what its
+// checkpoint had).
+func writeBundle(dir string, spec runtime.Spec, saved *savedSpec) error {
+	data, err := json.MarshalIndent(ociSpec(spec, saved), "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode OCI config: %w", err)
 	}
@@ -68,9 +70,14 @@ func writeBundle(dir string, spec runtime.Spec) error {
 	return nil
 }
 
-// ociSpec builds the OCI runtime config for spec.
-func ociSpec(spec runtime.Spec) *specs.Spec {
+// ociSpec builds the OCI runtime config for spec, with saved's tmpfs
+// mounts and rlimits when saved is not nil.
+func ociSpec(spec runtime.Spec, saved *savedSpec) *specs.Spec {
 	caps := append([]string(nil), rootCapabilities...)
+	tmpfs, rl := tmpfsMounts(spec), rlimits(spec.Limits)
+	if saved != nil {
+		tmpfs, rl = saved.Tmpfs, saved.Rlimits
+	}
 	return &specs.Spec{
 		Version: specs.Version,
 		Root:    &specs.Root{Path: spec.RootFS},
@@ -84,10 +91,10 @@ func ociSpec(spec runtime.Spec) *specs.Spec {
 				Effective: caps,
 				Permitted: caps,
 			},
-			Rlimits: rlimits(spec.Limits),
+			Rlimits: rl,
 		},
 		Hostname: spec.Hostname,
-		Mounts:   append(mounts(spec.AgentBinary), tmpfsMounts(spec)...),
+		Mounts:   append(mounts(spec.AgentBinary), tmpfs...),
 		Linux: &specs.Linux{
 			CgroupsPath: "/cubicle/" + spec.ID,
 			Resources:   resources(spec.Limits),

@@ -31,7 +31,7 @@ func TestTmpfsMountsAreSized(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			root := t.TempDir()
 			c.setup(filepath.Join(root, "tmp"))
-			spec := ociSpec(runtime.Spec{ID: "x", RootFS: root, AgentBinary: "/bin/true", NetNS: "/proc/self/ns/net", Limits: l})
+			spec := ociSpec(runtime.Spec{ID: "x", RootFS: root, AgentBinary: "/bin/true", NetNS: "/proc/self/ns/net", Limits: l}, nil)
 			got := map[string]specs.Mount{}
 			for _, m := range spec.Mounts {
 				got[m.Destination] = m
@@ -71,5 +71,52 @@ func TestTaskLimits(t *testing.T) {
 	}
 	if got, want := hostMemLimit(l), int64(1<<30+256<<20+256<<20+1024*hostTaskBytes); got != want {
 		t.Errorf("host memory limit %d, want %d", got, want)
+	}
+}
+
+// TestRestoreKeepsCheckpointSpec: a sandbox restored from a memory image
+// gets the tmpfs mounts and rlimits its source was checkpointed with, even
+// when its own mem_bytes differs (runsc refuses a restore whose rlimits or
+// mounts differ from the checkpoint's).
+func TestRestoreKeepsCheckpointSpec(t *testing.T) {
+	src := runtime.Spec{ID: "src", RootFS: t.TempDir(), AgentBinary: "/bin/true", NetNS: "/proc/self/ns/net", Limits: runtime.Limits{MemBytes: 384 << 20}}
+	bundle, image := t.TempDir(), t.TempDir()
+	if err := writeBundle(bundle, src, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := bundleConfig(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved := savedSpecOf(cfg)
+	if got, err := checkpointSpec(image); err != nil || got != nil {
+		t.Fatalf("image without a saved spec: %+v, %v; want nil", got, err)
+	}
+	if got, err := checkpointSpec(""); err != nil || got != nil {
+		t.Fatalf("cold boot: %+v, %v; want nil", got, err)
+	}
+	restored := src
+	restored.Limits.MemBytes = 1 << 30
+	fresh := ociSpec(restored, nil)
+	if slices.EqualFunc(fresh.Process.Rlimits, cfg.Process.Rlimits, func(a, b specs.POSIXRlimit) bool { return a == b }) {
+		t.Fatal("test premise: a different mem_bytes should derive different rlimits")
+	}
+	got := ociSpec(restored, &saved)
+	if !slices.EqualFunc(got.Process.Rlimits, cfg.Process.Rlimits, func(a, b specs.POSIXRlimit) bool { return a == b }) {
+		t.Errorf("restored rlimits %v, want the checkpoint's %v", got.Process.Rlimits, cfg.Process.Rlimits)
+	}
+	var gotShm, wantShm []string
+	for _, m := range got.Mounts {
+		if m.Destination == "/dev/shm" {
+			gotShm = m.Options
+		}
+	}
+	for _, m := range cfg.Mounts {
+		if m.Destination == "/dev/shm" {
+			wantShm = m.Options
+		}
+	}
+	if !slices.Equal(gotShm, wantShm) {
+		t.Errorf("restored /dev/shm options %v, want the checkpoint's %v", gotShm, wantShm)
 	}
 }

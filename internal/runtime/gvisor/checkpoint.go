@@ -36,12 +36,15 @@ var _ runtime.Checkpointer = (*Driver)(nil)
 // and travels inside the image.
 
 // Files the driver keeps: pausedFile in the bundle dir while a Checkpoint
-// holds the sandbox paused; hostnameFile in the image dir (the source's UTS
+// holds the sandbox paused; in the image dir, hostnameFile (the source's UTS
 // hostname, which the restored kernel keeps, so that the restored sandbox's
-// /etc/hosts names it).
+// /etc/hosts names it) and savedFile (the parts of the source's OCI config
+// that runsc requires unchanged on restore and that follow the source's
+// mem_bytes, not the restored sandbox's: tmpfs sizes and rlimits).
 const (
 	pausedFile   = "paused-for-checkpoint"
 	hostnameFile = "cubicle-hostname"
+	savedFile    = "cubicle-restore-spec.json"
 )
 
 // Checkpoint saves sandbox id's memory image into dir and returns with the
@@ -51,11 +54,18 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string) error {
 		return fmt.Errorf("checkpoint sandbox %q: malformed id: %w", id, errdefs.ErrInvalid)
 	}
 	bundle := d.bundleDir(id)
-	hostname, err := bundleHostname(bundle)
+	cfg, err := bundleConfig(bundle)
 	if err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, hostnameFile), []byte(hostname), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, hostnameFile), []byte(cfg.Hostname), 0o600); err != nil {
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
+	}
+	b, err := json.Marshal(savedSpecOf(cfg))
+	if err != nil {
+		return fmt.Errorf("checkpoint sandbox %s: encode restore spec: %w", id, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, savedFile), b, 0o600); err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
 	// The marker goes first, so that Resume undoes a pause that happened
@@ -97,15 +107,53 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, dir string) err
 	return d.launch(ctx, spec, dir)
 }
 
-// bundleHostname reads the UTS hostname from the bundle's config.json.
-func bundleHostname(bundle string) (string, error) {
+// bundleConfig reads the bundle's config.json (written by the daemon).
+func bundleConfig(bundle string) (*specs.Spec, error) {
 	b, err := os.ReadFile(filepath.Join(bundle, configFile))
 	if err != nil {
-		return "", fmt.Errorf("read OCI config: %w", err)
+		return nil, fmt.Errorf("read OCI config: %w", err)
 	}
 	var s specs.Spec
 	if err := json.Unmarshal(b, &s); err != nil {
-		return "", fmt.Errorf("decode OCI config: %w", err)
+		return nil, fmt.Errorf("decode OCI config: %w", err)
 	}
-	return s.Hostname, nil
+	return &s, nil
+}
+
+// savedSpec is what a restore takes from its checkpoint's OCI config.
+type savedSpec struct {
+	Tmpfs   []specs.Mount       `json:"tmpfs"`
+	Rlimits []specs.POSIXRlimit `json:"rlimits"`
+}
+
+// savedSpecOf picks what a restore must keep from a source's OCI config.
+func savedSpecOf(cfg *specs.Spec) savedSpec {
+	saved := savedSpec{Tmpfs: []specs.Mount{}, Rlimits: cfg.Process.Rlimits}
+	for _, m := range cfg.Mounts {
+		if m.Type == "tmpfs" && m.Destination != "/dev" {
+			saved.Tmpfs = append(saved.Tmpfs, m)
+		}
+	}
+	return saved
+}
+
+// checkpointSpec returns the spec parts saved with the checkpoint image in
+// dir, or nil (derived from the runtime spec) for a cold boot (dir "") and
+// for images saved before they were recorded.
+func checkpointSpec(dir string) (*savedSpec, error) {
+	if dir == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(filepath.Join(dir, savedFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read checkpoint restore spec: %w", err)
+	}
+	var saved savedSpec
+	if err := json.Unmarshal(b, &saved); err != nil {
+		return nil, fmt.Errorf("decode checkpoint restore spec: %w", err)
+	}
+	return &saved, nil
 }

@@ -188,7 +188,11 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) er
 			return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 		}
 	}
-	if err := writeBundle(dir, spec); err != nil {
+	saved, err := checkpointSpec(image)
+	if err != nil {
+		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
+	}
+	if err := writeBundle(dir, spec, saved); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
 	if err := saveNetConfig(spec.NetNS, dir); err != nil {
