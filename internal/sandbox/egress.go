@@ -9,7 +9,6 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/store"
-	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // Egress enforces sandboxes' proxy_config (spec §4.4): access control and
@@ -103,8 +102,8 @@ func (m *Manager) SetProxyConfig(ctx context.Context, id string, cfg []byte) err
 	if err != nil {
 		return err
 	}
-	if sb.Status != protocol.StatusReady {
-		return fmt.Errorf("sandbox %s is %s; proxy_config can only be changed while it is ready: %w", sb.Name, sb.Status, ErrInvalidRequest)
+	if err := requireStatus(sb, opProxy); err != nil {
+		return err
 	}
 	if err := m.validateEgress(ctx, cfg); err != nil {
 		return err
