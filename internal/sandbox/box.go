@@ -126,10 +126,20 @@ func (m *Manager) touch(id string) {
 // acquire marks a request or stream on sandbox id as open; release ends it.
 // Both count as activity. A box is never forgotten while busy.
 func (m *Manager) acquire(id string) (release func()) {
+	release, _, _ = m.acquireInstance(id)
+	return release
+}
+
+// acquireInstance is acquire that also returns id's running instance (as
+// instance does), in the same critical section: the idle reaper's claim
+// either runs before (no instance is returned) or sees the sandbox busy.
+func (m *Manager) acquireInstance(id string) (release func(), c *agent.Client, gone <-chan struct{}) {
 	m.mu.Lock()
-	a := &m.boxLocked(id).act // kept: release must count down this box, even once forgotten
+	b := m.boxLocked(id)
+	a := &b.act // kept: release must count down this box, even once forgotten
 	a.busy++
 	a.last = time.Now()
+	c, gone = b.agent, b.gone
 	m.mu.Unlock()
 	done := false
 	return func() {
@@ -141,5 +151,5 @@ func (m *Manager) acquire(id string) (release func()) {
 		done = true
 		a.busy--
 		a.last = time.Now()
-	}
+	}, c, gone
 }

@@ -475,13 +475,12 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 	}
 	// Mark the sandbox busy before looking up its instance, so the idle
 	// reaper cannot stop it between the lookup and the request's use.
-	release := m.acquire(id)
+	release, c, gone := m.acquireInstance(id)
 	defer func() {
 		if err != nil {
 			release()
 		}
 	}()
-	c, gone := m.instance(id)
 	if c == nil {
 		if err := m.wake(ctx, id, false); err != nil {
 			return nil, err
