@@ -94,16 +94,14 @@ func (m *Manager) instance(id string) (*agent.Client, <-chan struct{}) {
 }
 
 // forget drops id's box once its record is deleted. Callers hold id's
-// lifecycle lock; while others wait on it the box stays (they find the
-// record gone when they get it) and the reaper's flush drops it later.
+// lifecycle lock; whoever waits on it gets it and finds the record gone
+// (ids are never reused, so a later box for id guards nothing).
 func (m *Manager) forget(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if b := m.boxes[id]; b != nil {
 		b.setAgentLocked(nil)
-		if b.holders <= 1 {
-			delete(m.boxes, id)
-		}
+		delete(m.boxes, id)
 	}
 }
 

@@ -46,6 +46,9 @@ func (m *Manager) watch(ctx context.Context, id string, c *agent.Client) {
 // becomes stopped (files kept) with a message saying why, and the next
 // dataplane request or start boots it again.
 func (m *Manager) died(ctx context.Context, id string, c *agent.Client) {
+	if cur, _ := m.instance(id); cur != c {
+		return // stopped, deleted or restarted on purpose (checked again below)
+	}
 	sb, unlock, err := m.lockID(ctx, id)
 	if err != nil {
 		return
