@@ -112,8 +112,9 @@ func TestVisibility(t *testing.T) {
 
 func TestStateGuards(t *testing.T) {
 	e := newEnv(t)
-	block := make(chan struct{})
+	block, entered := make(chan struct{}), make(chan struct{}, 1)
 	e.driver.StartHook = func(ctx context.Context, _ runtime.Spec) error {
+		entered <- struct{}{}
 		select {
 		case <-block:
 			return nil
@@ -126,9 +127,7 @@ func TestStateGuards(t *testing.T) {
 	if err != nil || sb.Status != protocol.StatusProvisioning {
 		t.Fatalf("create without wait: %v %+v", err, sb)
 	}
-	if _, err := e.m.StopSandbox(ctx, "booting"); !errors.Is(err, errdefs.ErrConflict) {
-		t.Fatalf("stop while provisioning: %v, want conflict", err)
-	}
+	<-entered
 	// Readers never wait for the boot: it holds the lifecycle lock only.
 	if got, err := e.m.GetSandbox(ctx, "booting"); err != nil || got.Status != protocol.StatusProvisioning {
 		t.Fatalf("get during boot: %v %+v", err, got)
@@ -162,6 +161,18 @@ func TestStateGuards(t *testing.T) {
 
 func TestTransitionTable(t *testing.T) {
 	e := newEnv(t)
+	now := time.Now().UTC()
+	half := &store.Sandbox{ID: "00000000-0000-0000-0000-00000000000a", WorkspaceID: workspace, CreatedBy: member.User, Name: "half",
+		Status: string(Provisioning), SnapshotID: e.snap.ID, Token: "t", CreatedAt: now, UpdatedAt: now}
+	if err := e.st.CreateSandbox(context.Background(), half); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.StopSandbox(as(member), "half"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("stop while provisioning: %v, want conflict", err)
+	}
+	if _, err := e.m.ResetSandbox(as(member), "half", ""); !errors.Is(err, errdefs.ErrNotReady) {
+		t.Fatalf("reset while provisioning: %v, want not ready", err)
+	}
 	sb := e.create(t, member, "t")
 	if err := e.m.transition(context.Background(), sb, Provisioning, ""); err == nil {
 		t.Fatal("ready → provisioning was allowed")
