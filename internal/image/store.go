@@ -34,7 +34,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/cubicle-dev/cubicle/internal/keyed"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -45,6 +44,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/keyed"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 

@@ -36,7 +36,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/cubicle-dev/cubicle/internal/keyed"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -45,6 +44,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/keyed"
 )
 
 // Defaults used when Config or options leave a field empty.

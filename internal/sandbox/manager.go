@@ -8,8 +8,10 @@
 // of sandboxes.go and boot.go. Booting composes the seams in a fixed
 // order — storage (overlay rootfs), network (netns), runtime driver (agent as
 // PID 1), then waits for the agent — with a cleanup stack, so a failed boot
-// leaves nothing behind. The manager knows nothing of HTTP; internal/api
-// translates its typed errors.
+// leaves nothing behind. The seams it calls are declared in deps.go
+// (Storage, Network), runtime.Driver and Egress; sandboxtest fakes them
+// all, so the package's tests run without root. The manager knows nothing
+// of HTTP; internal/api translates its typed errors.
 package sandbox
 
 import (

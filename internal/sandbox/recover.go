@@ -39,12 +39,12 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
 	log := m.log.With("sandbox", sb.ID, "name", sb.Name)
 	switch statusOf(sb) {
 	case Ready:
-		if err := m.readopt(ctx, sb); err == nil {
+		err := m.readopt(ctx, sb)
+		if err == nil {
 			log.Info("re-adopted running sandbox")
 			return
-		} else {
-			log.Warn("running sandbox not re-adopted; stopping it", "err", err)
 		}
+		log.Warn("running sandbox not re-adopted; stopping it", "err", err)
 		if err := m.halt(ctx, sb, "found not running after a daemon restart; the next request starts it again"); err != nil {
 			log.Error("mark sandbox stopped", "err", err)
 		}
