@@ -9,7 +9,6 @@ package sandboxtest
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -341,7 +340,7 @@ func (d *Driver) Agent(id string) *Agent {
 	return nil
 }
 
-// Running counts the instances running.
+// Instances counts the instances running.
 func (d *Driver) Instances() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -454,6 +453,3 @@ func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.NotFound(w, r)
 	}
 }
-
-// ErrInjected is a failure a test injects.
-var ErrInjected = errors.New("injected failure")
