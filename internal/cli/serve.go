@@ -183,8 +183,14 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	defer egress.Close()
-	mgr := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
+	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
 		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress})
+	if err != nil {
+		return err
+	}
+	// The manager's goroutines (reaper, watchers, builds) end before the
+	// store closes: this runs before the deferred st.Close.
+	defer mgr.Close()
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
@@ -214,7 +220,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	// for the children it execs (runsc, sandboxes); e2e TestConnLimits
 	// checks it. The per-client cap is what bounds one caller's share.
 	srv := api.NewHTTPServer(handler, f.conns, log)
-	go mgr.RunReaper(ctx)
+	mgr.StartReaper(ctx)
 	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir,
 		"max_conns_per_client", f.conns.MaxConnsPerClient)
 	errc := make(chan error, 1)

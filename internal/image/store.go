@@ -44,6 +44,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/keyed"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -140,8 +141,8 @@ type Store struct {
 	// index serialises writes to refs/ and images/ (commit, Remove, GC).
 	index sync.Mutex
 
-	locksMu sync.Mutex
-	locks   map[string]chan struct{} // per-diffID unpack locks
+	locks   keyed.Locks[string] // per-diffID unpack locks
+	locksMu sync.Mutex          // guards pins
 	// pins counts the ingests using each diffID, from before they look
 	// for the layer until their image is recorded. GC deletes a layer only
 	// while holding its lock and seeing no pin, so it never deletes one an
@@ -162,7 +163,6 @@ func NewStore(root string, opts ...Option) (*Store, error) {
 		root:     abs,
 		log:      slog.Default(),
 		insecure: map[string]bool{},
-		locks:    map[string]chan struct{}{},
 		pins:     map[string]int{},
 	}
 	for _, o := range opts {
@@ -569,17 +569,5 @@ func (s *Store) pinned(diffID string) bool {
 // lockLayer takes the per-diffID unpack lock, honouring ctx while waiting.
 // The returned func releases it.
 func (s *Store) lockLayer(ctx context.Context, diffID string) (func(), error) {
-	s.locksMu.Lock()
-	ch, ok := s.locks[diffID]
-	if !ok {
-		ch = make(chan struct{}, 1)
-		s.locks[diffID] = ch
-	}
-	s.locksMu.Unlock()
-	select {
-	case ch <- struct{}{}:
-		return func() { <-ch }, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
+	return s.locks.Lock(ctx, diffID)
 }

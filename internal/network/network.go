@@ -44,6 +44,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/keyed"
 )
 
 // Defaults used when Config or options leave a field empty.
@@ -102,13 +103,7 @@ type Manager struct {
 
 	allocMu sync.Mutex // guards creation of allocation records
 
-	idMu  sync.Mutex
-	locks map[string]*idLock // per-id locks, refcounted
-}
-
-type idLock struct {
-	mu   sync.Mutex
-	refs int
+	locks keyed.Locks[string] // per-id locks
 }
 
 // New prepares the host: state and netns directories, ip_forward, and the
@@ -131,7 +126,6 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Manager, error) {
 		pool:     pool,
 		netnsDir: DefaultNetNSDir,
 		log:      slog.Default(),
-		locks:    map[string]*idLock{},
 	}
 	for _, o := range opts {
 		o(m)
@@ -292,25 +286,11 @@ func ContextWithLogger(ctx context.Context, l *slog.Logger) context.Context {
 	return context.WithValue(ctx, loggerKey{}, l)
 }
 
-// lockID takes the per-id lock and returns its release.
+// lockID takes the per-id lock and returns its release. Endpoint work is
+// short and local, so it waits without a deadline.
 func (m *Manager) lockID(id string) func() {
-	m.idMu.Lock()
-	l := m.locks[id]
-	if l == nil {
-		l = &idLock{}
-		m.locks[id] = l
-	}
-	l.refs++
-	m.idMu.Unlock()
-	l.mu.Lock()
-	return func() {
-		l.mu.Unlock()
-		m.idMu.Lock()
-		if l.refs--; l.refs == 0 {
-			delete(m.locks, id)
-		}
-		m.idMu.Unlock()
-	}
+	unlock, _ := m.locks.Lock(context.Background(), id) // cannot fail: Background never ends
+	return unlock
 }
 
 // validID keeps ids safe as file names under StateDir and the netns dir:

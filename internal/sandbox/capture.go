@@ -62,15 +62,15 @@ func validateCaptureRequest(req protocol.CaptureSnapshotRequest, lim LimitPolicy
 // capture takes the snapshot of sb (whose lock the caller holds) and
 // records it. Only ready and stopped sandboxes have a filesystem to take.
 func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *store.Sandbox, req protocol.CaptureSnapshotRequest) (*SnapshotView, error) {
-	if sb.Status != protocol.StatusReady && sb.Status != protocol.StatusStopped {
-		return nil, fmt.Errorf("sandbox %s is %s; only a ready or stopped sandbox can be captured: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
+	if err := requireStatus(sb, opCapture); err != nil {
+		return nil, err
 	}
 	memory := req.IncludeMemory || req.Checkpoint
 	if memory {
 		if _, ok := m.cfg.Driver.(runtime.Checkpointer); !ok {
 			return nil, errdefs.Field("include_memory", "memory snapshots are not supported by the %s runtime (only gvisor can save a sandbox's memory); omit include_memory to capture the filesystem only", m.cfg.Driver.Name())
 		}
-		if sb.Status != protocol.StatusReady {
+		if statusOf(sb) != Ready {
 			return nil, errdefs.Field("include_memory", "sandbox %s is %s: it has no memory to capture; start it, or omit include_memory", sb.Name, sb.Status)
 		}
 	}
@@ -121,7 +121,7 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 // would cost an exec round trip (50-250 ms under gVisor) per capture.
 func (m *Manager) freezeAndCapture(ctx context.Context, sb *store.Sandbox, snap string) (string, time.Duration, error) {
 	rid := runtimeID(sb.ID)
-	if sb.Status != protocol.StatusReady {
+	if statusOf(sb) != Ready {
 		layer, err := m.cfg.Storage.Capture(ctx, rid, snap)
 		return layer, 0, err
 	}

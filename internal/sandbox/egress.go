@@ -9,7 +9,6 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/store"
-	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // Egress enforces sandboxes' proxy_config (spec §4.4): access control and
@@ -59,10 +58,10 @@ func (m *Manager) validateEgress(ctx context.Context, cfg []byte) error {
 // egressUp runs in boot between network setup and the driver: it makes
 // the rootfs trust the CA and enforces sb's proxy_config before any process
 // of the sandbox runs. It returns the environment to add to the sandbox's.
-func (m *Manager) egressUp(ctx context.Context, sb *store.Sandbox, rootfs string, ep *network.Endpoint) ([]string, error) {
+func (m *Manager) egressUp(ctx context.Context, id identity, rootfs string, ep *network.Endpoint) ([]string, error) {
 	if m.cfg.Egress == nil {
-		if hasProxyConfig(sb.ProxyConfig) {
-			return nil, fmt.Errorf("sandbox %s has a proxy_config but the server runs without an egress proxy: %w", sb.Name, errdefs.ErrUnavailable)
+		if hasProxyConfig(id.proxyConfig) {
+			return nil, fmt.Errorf("sandbox %s has a proxy_config but the server runs without an egress proxy: %w", id.name, errdefs.ErrUnavailable)
 		}
 		return nil, nil
 	}
@@ -70,7 +69,7 @@ func (m *Manager) egressUp(ctx context.Context, sb *store.Sandbox, rootfs string
 	if err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
 	}
-	if err := m.cfg.Egress.Attach(ctx, sb.ID, sb.WorkspaceID, ep, sb.ProxyConfig); err != nil {
+	if err := m.cfg.Egress.Attach(ctx, id.id, id.workspace, ep, id.proxyConfig); err != nil {
 		return nil, fmt.Errorf("egress: %w", err)
 	}
 	return env, nil
@@ -103,8 +102,8 @@ func (m *Manager) SetProxyConfig(ctx context.Context, id string, cfg []byte) err
 	if err != nil {
 		return err
 	}
-	if sb.Status != protocol.StatusReady {
-		return fmt.Errorf("sandbox %s is %s; proxy_config can only be changed while it is ready: %w", sb.Name, sb.Status, ErrInvalidRequest)
+	if err := requireStatus(sb, opProxy); err != nil {
+		return err
 	}
 	if err := m.validateEgress(ctx, cfg); err != nil {
 		return err

@@ -126,8 +126,8 @@ func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*s
 		return nil, err
 	}
 	defer unlock()
-	if sb.Status != protocol.StatusReady && sb.Status != protocol.StatusStopped {
-		return nil, fmt.Errorf("sandbox %s is %s; only a ready or stopped sandbox can be reset: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
+	if err := requireStatus(sb, opReset); err != nil {
+		return nil, err
 	}
 	if snapshotID == "" {
 		snapshotID = sb.SnapshotID
@@ -136,7 +136,7 @@ func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*s
 	if err != nil {
 		return nil, err
 	}
-	if sb.Status == protocol.StatusReady {
+	if statusOf(sb) == Ready {
 		if err := m.halt(ctx, sb, "reset"); err != nil {
 			return nil, err
 		}

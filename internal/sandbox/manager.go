@@ -1,12 +1,17 @@
 // Package sandbox is the lifecycle core: it owns the state machine of every
 // sandbox and snapshot and is the only writer of their records.
 //
-// A sandbox moves provisioning → ready ⇄ stopped, or provisioning → failed;
-// deletion removes it from any state. Booting composes the seams in a fixed
+// A sandbox's states and their transitions are in status.go (the one place
+// a status changes); its in-memory state and the lock order in box.go; the
+// idle/TTL reaper in reaper.go; snapshots, captures, forks and diffs in
+// snapshots.go, capture.go, memsnap.go and fork.go, over the lifecycle core
+// of sandboxes.go and boot.go. Booting composes the seams in a fixed
 // order — storage (overlay rootfs), network (netns), runtime driver (agent as
 // PID 1), then waits for the agent — with a cleanup stack, so a failed boot
-// leaves nothing behind. The manager knows nothing of HTTP; internal/api
-// translates its typed errors.
+// leaves nothing behind. The seams it calls are declared in deps.go
+// (Storage, Network), runtime.Driver and Egress; sandboxtest fakes them
+// all, so the package's tests run without root. The manager knows nothing
+// of HTTP; internal/api translates its typed errors.
 package sandbox
 
 import (
@@ -17,6 +22,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,9 +31,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/image"
-	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
-	"github.com/cubicle-dev/cubicle/internal/storage"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/google/go-containerregistry/pkg/authn"
 )
@@ -50,13 +54,16 @@ type Credentials interface {
 type Config struct {
 	Store   store.Store
 	Images  ImageSource
-	Storage *storage.Overlays
-	Network *network.Manager
+	Storage Storage
+	Network Network
 	Driver  runtime.Driver
 	// AgentBinary is the host path of the cubicle binary run as PID 1.
 	AgentBinary string
-	Limits      LimitPolicy
-	Logger      *slog.Logger
+	// AgentPort is the port the agent listens on at the sandbox's address
+	// (default agent.Port); tests of the manager move it.
+	AgentPort int
+	Limits    LimitPolicy
+	Logger    *slog.Logger
 	// Credentials resolves registry_id for snapshot builds; nil refuses
 	// every registry_id.
 	Credentials Credentials
@@ -100,17 +107,25 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
+	// mu guards boxes and every box's fields (lock order: box.go).
 	mu     sync.Mutex
-	locks  map[string]*sync.Mutex    // per sandbox id: serialises lifecycle transitions
-	agents map[string]*agent.Client  // per sandbox id, while running
-	gone   map[string]chan struct{}  // per sandbox id, closed when its instance goes
-	acts   map[string]*activity      // per sandbox id: idle-TTL bookkeeping (activity.go)
+	boxes  map[string]*box           // per sandbox id
 	builds map[string]*buildProgress // per snapshot id, while building
-	bg     sync.WaitGroup
+
+	// Shutdown: life ends at Close, which then waits for bg, every
+	// goroutine the manager started (reaper, watchers, builds, boots).
+	// wakeR/wakeW is a pipe whose write end Close closes, waking watchers
+	// blocked in poll(2).
+	life         context.Context
+	endLife      context.CancelFunc
+	closeOnce    sync.Once
+	wakeR, wakeW *os.File
+	bg           sync.WaitGroup
 }
 
-// New returns a Manager. Call Recover once before serving.
-func New(cfg Config) *Manager {
+// New returns a Manager. Call Recover once before serving, and Close
+// before closing the store.
+func New(cfg Config) (*Manager, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -123,68 +138,57 @@ func New(cfg Config) *Manager {
 	if cfg.TTLGranularity <= 0 {
 		cfg.TTLGranularity = time.Minute
 	}
+	if cfg.AgentPort == 0 {
+		cfg.AgentPort = agent.Port
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("sandbox manager: %w", err)
+	}
+	life, end := context.WithCancel(context.Background())
 	return &Manager{
 		cfg:    cfg,
 		log:    cfg.Logger,
-		locks:  map[string]*sync.Mutex{},
-		agents: map[string]*agent.Client{},
-		gone:   map[string]chan struct{}{},
-		acts:   map[string]*activity{},
+		boxes:  map[string]*box{},
 		builds: map[string]*buildProgress{},
-	}
+		life:   life, endLife: end,
+		wakeR: r, wakeW: w,
+	}, nil
 }
 
 // Runtime is the name of the driver sandboxes run on.
 func (m *Manager) Runtime() string { return m.cfg.Driver.Name() }
 
-// Wait blocks until background work (snapshot builds, async boots) ends.
-func (m *Manager) Wait() { m.bg.Wait() }
-
-func (m *Manager) lock(id string) func() {
-	m.mu.Lock()
-	l, ok := m.locks[id]
-	if !ok {
-		l = &sync.Mutex{}
-		m.locks[id] = l
-	}
-	m.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+// goBG runs fn as a goroutine Close waits for.
+func (m *Manager) goBG(fn func()) {
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		fn()
+	}()
 }
 
-// setAgent records the agent client of sandbox id's running instance, or
-// with nil that the instance is gone, which ends every stream relayed to it.
-func (m *Manager) setAgent(id string, c *agent.Client) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if ch := m.gone[id]; ch != nil {
-		close(ch)
-		delete(m.gone, id)
-	}
-	if old := m.agents[id]; old != nil {
-		old.Close()
-	}
-	if c == nil {
-		delete(m.agents, id)
-		return
-	}
-	m.agents[id] = c
-	m.gone[id] = make(chan struct{})
+// Close ends the manager's goroutines — the reaper (after a last activity
+// flush), process watchers, snapshot builds (left building, for Recover
+// to resume) — and waits for them and for boots in flight (bounded by
+// BootTimeout). Sandboxes keep running. Close the store only after it.
+func (m *Manager) Close() {
+	m.closeOnce.Do(func() {
+		m.endLife()
+		m.wakeW.Close()
+	})
+	m.bg.Wait()
+	m.wakeR.Close()
 }
 
-// instance returns the agent client of sandbox id's running instance and a
-// channel closed when that instance goes, or nil.
-func (m *Manager) instance(id string) (*agent.Client, <-chan struct{}) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.agents[id], m.gone[id]
-}
+// closing reports whether Close has begun.
+func (m *Manager) closing() bool { return m.life.Err() != nil }
 
 // runtimeID is the fixed-length (32 hex) id drivers use for a sandbox.
 func runtimeID(id string) string { return strings.ReplaceAll(id, "-", "") }
 
-func agentAddr(ip netip.Addr) string {
-	return net.JoinHostPort(ip.String(), strconv.Itoa(agent.Port))
+func (m *Manager) agentAddr(ip netip.Addr) string {
+	return net.JoinHostPort(ip.String(), strconv.Itoa(m.cfg.AgentPort))
 }
 
 func randomHex(n int) string {

@@ -12,7 +12,6 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
-	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // Memory snapshots (include_memory / checkpoint on a capture or fork).
@@ -99,7 +98,7 @@ func (m *Manager) waitAgent(ctx context.Context, addr, token string, sn *store.S
 // is still paused, and it is resumed whatever happened. The memory image
 // is removed again on failure.
 func (m *Manager) checkpointAndCapture(ctx context.Context, sb *store.Sandbox, snap string) (string, time.Duration, error) {
-	if sb.Status != protocol.StatusReady {
+	if statusOf(sb) != Ready {
 		return "", 0, fmt.Errorf("sandbox %s is %s: no memory to capture", sb.Name, sb.Status)
 	}
 	ckpt := m.cfg.Driver.(runtime.Checkpointer)

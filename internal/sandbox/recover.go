@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
@@ -13,7 +14,8 @@ import (
 // running sandboxes are re-adopted (their agent answers again), sandboxes
 // whose processes are gone are marked stopped with their filesystem kept (a
 // dataplane request or start boots them again), half-made ones are marked
-// failed, and interrupted snapshot builds are resumed.
+// failed, interrupted deletions are finished, and interrupted snapshot
+// builds are resumed.
 func (m *Manager) Recover(ctx context.Context) error {
 	sandboxes, err := m.cfg.Store.AllSandboxes(ctx)
 	if err != nil {
@@ -27,15 +29,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 		return err
 	}
 	for _, sn := range snaps {
-		bp := &buildProgress{}
-		m.mu.Lock()
-		m.builds[sn.ID] = bp
-		m.mu.Unlock()
-		m.bg.Add(1)
-		go func() {
-			defer m.bg.Done()
-			m.buildSnapshot(ctx, sn, nil, bp)
-		}()
+		m.startBuild(ctx, sn, nil)
 	}
 	return nil
 }
@@ -43,40 +37,65 @@ func (m *Manager) Recover(ctx context.Context) error {
 func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
 	rid := runtimeID(sb.ID)
 	log := m.log.With("sandbox", sb.ID, "name", sb.Name)
-	switch sb.Status {
-	case protocol.StatusReady:
-		running, err := m.cfg.Driver.Running(ctx, rid)
-		if err == nil && running {
-			ep, err := m.cfg.Network.Lookup(ctx, rid)
-			if err == nil {
-				c := agent.NewClient(agentAddr(ep.SandboxIP), sb.Token)
-				hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				err = c.Health(hctx)
-				cancel()
-				if err == nil {
-					err = m.egressRestore(ctx, sb, ep)
-				}
-				if err == nil {
-					m.setAgent(sb.ID, c)
-					m.watch(ctx, sb.ID, c)
-					m.restoreActivity(sb) // neither reset nor zero the idle clock
-					log.Info("re-adopted running sandbox")
-					return
-				}
-			}
-			log.Warn("running sandbox unreachable; stopping it", "err", err)
+	switch statusOf(sb) {
+	case Ready:
+		err := m.readopt(ctx, sb)
+		if err == nil {
+			log.Info("re-adopted running sandbox")
+			return
 		}
+		log.Warn("running sandbox not re-adopted; stopping it", "err", err)
 		if err := m.halt(ctx, sb, "found not running after a daemon restart; the next request starts it again"); err != nil {
 			log.Error("mark sandbox stopped", "err", err)
 		}
-	case protocol.StatusProvisioning:
+	case Provisioning:
 		// The boot was interrupted: nothing of it can be trusted.
-		_ = m.cfg.Driver.Stop(ctx, rid)
-		_ = m.cfg.Network.Teardown(ctx, rid)
-		_ = m.cfg.Storage.Unmount(ctx, rid)
-		sb.Status, sb.StatusMessage, sb.UpdatedAt = protocol.StatusFailed, "daemon restarted during boot", time.Now().UTC()
-		if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
+		if err := errors.Join(
+			m.cfg.Driver.Stop(ctx, rid),
+			m.cfg.Network.Teardown(ctx, rid),
+			m.cfg.Storage.Unmount(ctx, rid),
+		); err != nil {
+			log.Warn("clean up interrupted boot", "err", err)
+		}
+		if err := m.transition(ctx, sb, Failed, "daemon restarted during boot"); err != nil {
 			log.Error("mark sandbox failed", "err", err)
 		}
+	case Deleting:
+		if err := m.destroy(ctx, sb); err != nil {
+			log.Error("finish deleting sandbox", "err", err)
+		}
 	}
+}
+
+// readopt takes back a ready sandbox whose instance survived the daemon:
+// its process runs, its agent answers with the recorded token, and its
+// egress policy is enforced again.
+func (m *Manager) readopt(ctx context.Context, sb *store.Sandbox) error {
+	rid := runtimeID(sb.ID)
+	running, err := m.cfg.Driver.Running(ctx, rid)
+	if err != nil {
+		return err
+	}
+	if !running {
+		return errors.New("not running")
+	}
+	ep, err := m.cfg.Network.Lookup(ctx, rid)
+	if err != nil {
+		return err
+	}
+	c := agent.NewClient(m.agentAddr(ep.SandboxIP), sb.Token)
+	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = c.Health(hctx)
+	cancel()
+	if err == nil {
+		err = m.egressRestore(ctx, sb, ep)
+	}
+	if err != nil {
+		c.Close()
+		return err
+	}
+	m.setAgent(sb.ID, c)
+	m.watch(ctx, sb.ID, c)
+	m.restoreActivity(sb) // neither reset nor zero the idle clock
+	return nil
 }

@@ -8,9 +8,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/auth"
-	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
-	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/google/uuid"
@@ -42,7 +40,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
 		ID: uuid.NewString(), WorkspaceID: p.WorkspaceID, CreatedBy: p.User, Name: req.Name,
-		Status: protocol.StatusProvisioning, SnapshotID: sn.ID, Runtime: m.cfg.Driver.Name(),
+		Status: string(Provisioning), SnapshotID: sn.ID, Runtime: m.cfg.Driver.Name(),
 		VCPUs: or(req.VCPUs, lim.DefaultVCPUs), MemBytes: or(req.MemBytes, lim.DefaultMemBytes),
 		FSCapacityBytes:        or(req.FSCapacityBytes, sn.FSCapacityBytes),
 		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
@@ -57,14 +55,15 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 		return nil, err
 	}
 	done := make(chan error, 1)
-	m.bg.Add(1)
-	go func() {
-		defer m.bg.Done()
-		unlock := m.lock(sb.ID)
-		err := m.boot(context.WithoutCancel(ctx), sb, sn)
-		unlock()
+	m.goBG(func() {
+		bctx := context.WithoutCancel(ctx) // the boot outlives a create that does not wait
+		unlock, err := m.lock(bctx, sb.ID)
+		if err == nil {
+			err = m.boot(bctx, sb, sn)
+			unlock()
+		}
 		done <- err
-	}()
+	})
 	wait := req.WaitForReady == nil || *req.WaitForReady
 	if !wait {
 		return sb, nil
@@ -97,148 +96,6 @@ func or(v *int64, def int64) int64 {
 	return def
 }
 
-// BootError marks a boot failure caused by the sandbox's configuration or
-// image (reported as a creation error), as opposed to an internal fault.
-type BootError struct{ Err error }
-
-func (e *BootError) Error() string { return e.Err.Error() }
-func (e *BootError) Unwrap() error { return e.Err }
-
-// boot brings sb from provisioning or stopped to ready. On failure it tears
-// down whatever it built and records the sandbox as failed (first boot) or
-// stopped (restart), keeping the upper dir. Callers hold sb's lock.
-func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot) (err error) {
-	first := sb.Status == protocol.StatusProvisioning
-	ctx, cancel := context.WithTimeout(ctx, m.cfg.Limits.BootTimeout)
-	defer cancel()
-	start := time.Now()
-	var undo cleanup.Stack
-	defer func() {
-		if err == nil {
-			return
-		}
-		if cerr := undo.Run(ctx); cerr != nil {
-			m.log.Error("clean up failed boot", "sandbox", sb.ID, "err", cerr)
-		}
-		if first {
-			sb.Status, sb.StatusMessage = protocol.StatusFailed, err.Error()
-		} else {
-			now := time.Now().UTC()
-			sb.Status, sb.StatusMessage, sb.StoppedAt = protocol.StatusStopped, "start failed: "+err.Error(), &now
-		}
-		sb.UpdatedAt = time.Now().UTC()
-		if uerr := m.cfg.Store.UpdateSandbox(ctx, sb); uerr != nil {
-			m.log.Error("record failed boot", "sandbox", sb.ID, "err", uerr)
-		}
-	}()
-	rid := runtimeID(sb.ID)
-	image, restore := "", false
-	if first {
-		image, restore = m.memoryImage(sn)
-	}
-	if first {
-		if err := m.seedIdentity(ctx, rid, sn); err != nil {
-			return err
-		}
-	}
-	// The boot's own writes (overlay's work dir, the CA bundle) get a
-	// reserve above fs_capacity_bytes, so a sandbox that filled its
-	// capacity still boots; the limit drops back once it is up.
-	if _, err := m.cfg.Storage.Prepare(ctx, rid); err != nil {
-		return err
-	}
-	m.limitFS(ctx, sb, sb.FSCapacityBytes+bootReserveBytes)
-	rootfs, err := m.cfg.Storage.Mount(ctx, rid, sn.Layers)
-	if err != nil {
-		return err
-	}
-	undo.Push(func(ctx context.Context) error {
-		if first {
-			return m.cfg.Storage.Remove(ctx, rid)
-		}
-		return m.cfg.Storage.Unmount(ctx, rid)
-	})
-	tMount := time.Now()
-	ep, err := m.cfg.Network.Setup(ctx, rid)
-	if err != nil {
-		return fmt.Errorf("set up network: %w", err)
-	}
-	undo.Push(func(ctx context.Context) error { return m.cfg.Network.Teardown(ctx, rid) })
-	tNetwork := time.Now()
-	egressEnv, err := m.egressUp(ctx, sb, rootfs, ep)
-	if err != nil {
-		return err
-	}
-	undo.Push(func(ctx context.Context) error { m.egressDown(ctx, sb.ID); return nil })
-	// Every instance gets a fresh agent token, recorded before the agent
-	// exists (a re-adopting daemon reads it back): the previous instance's
-	// token, and a memory snapshot's, never work on this one.
-	token := randomHex(32)
-	if err := m.cfg.Store.SetSandboxToken(ctx, sb.ID, token); err != nil {
-		return err
-	}
-	sb.Token = token
-	spec := runtime.Spec{
-		ID: rid, RootFS: rootfs, AgentBinary: m.cfg.AgentBinary,
-		Env: egressEnv, Token: token,
-		Hostname: hostname(sb), NetNS: ep.NetNS,
-		Limits: runtime.Limits{MilliCPUs: sb.VCPUs * 1000, MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
-	}
-	tNet := time.Now()
-	if restore {
-		if err := m.cfg.Driver.(runtime.Checkpointer).Restore(ctx, spec, image); err != nil {
-			return &BootError{Err: fmt.Errorf("restore %s sandbox from memory snapshot %s: %w", m.cfg.Driver.Name(), sn.ID, err)}
-		}
-	} else if err := m.cfg.Driver.Start(ctx, spec); err != nil {
-		return &BootError{Err: fmt.Errorf("start %s sandbox: %w", m.cfg.Driver.Name(), err)}
-	}
-	undo.Push(func(ctx context.Context) error { return m.cfg.Driver.Stop(ctx, rid) })
-	tDriver := time.Now()
-	client, err := m.waitAgent(ctx, agentAddr(ep.SandboxIP), token, sn, restore)
-	if err != nil {
-		return &BootError{Err: err}
-	}
-	tAgent := time.Now()
-	m.limitFS(ctx, sb, sb.FSCapacityBytes)
-	sb.Status, sb.StatusMessage, sb.StoppedAt, sb.UpdatedAt = protocol.StatusReady, "", nil, time.Now().UTC()
-	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
-		return err
-	}
-	undo.Release()
-	m.setAgent(sb.ID, client)
-	m.watch(ctx, sb.ID, client)
-	m.touch(sb.ID)
-	m.log.Info("sandbox ready", "sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(), "restored", restore, "boot", time.Since(start),
-		"rootfs", tMount.Sub(start), "network", tNetwork.Sub(tMount), "egress", tNet.Sub(tNetwork), "driver", tDriver.Sub(tNet), "agent", tAgent.Sub(tDriver))
-	return nil
-}
-
-// bootReserveBytes is what a sandbox may hold above its fs_capacity_bytes
-// while it boots: room for the runtime's own writes (overlay's work dir,
-// the CA bundle, btrfs metadata), so a full sandbox still starts and its
-// user can delete files. Outside a boot the limit is fs_capacity_bytes.
-const bootReserveBytes = 4 << 20
-
-// limitFS caps sb's filesystem at bytes: fs_capacity_bytes is enforced,
-// not just recorded, wherever the store can (btrfs qgroups); a store that
-// cannot is logged, not fatal.
-func (m *Manager) limitFS(ctx context.Context, sb *store.Sandbox, bytes int64) {
-	if enforced, err := m.cfg.Storage.Limit(ctx, runtimeID(sb.ID), bytes); err != nil || !enforced {
-		m.log.Warn("fs_capacity_bytes not enforced", "sandbox", sb.ID, "backend", m.cfg.Storage.Backend(), "err", err)
-	}
-}
-
-// hostname is the sandbox's UTS hostname: its name when that is a valid
-// hostname, else a stable one from its id.
-func hostname(sb *store.Sandbox) string {
-	for _, r := range sb.Name {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
-			return "cubicle-" + runtimeID(sb.ID)[:12]
-		}
-	}
-	return sb.Name
-}
-
 // visible loads a sandbox by id or name if the caller may see it: its
 // creator and the workspace's admins may; anyone else gets ErrNotFound.
 func (m *Manager) visible(ctx context.Context, name string) (*store.Sandbox, error) {
@@ -265,16 +122,35 @@ func (m *Manager) lockVisible(ctx context.Context, name string) (sb *store.Sandb
 	if sb, err = m.visible(ctx, name); err != nil {
 		return nil, nil, err
 	}
-	unlock = m.lock(sb.ID)
-	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
+	return m.lockID(ctx, sb.ID)
+}
+
+// lockID takes sandbox id's lifecycle lock with ctx and loads its record
+// under it. The caller must call unlock.
+func (m *Manager) lockID(ctx context.Context, id string) (sb *store.Sandbox, unlock func(), err error) {
+	if unlock, err = m.lock(ctx, id); err != nil {
+		return nil, nil, fmt.Errorf("wait for sandbox %s: %w", id, err)
+	}
+	if sb, err = m.cfg.Store.GetSandboxByID(ctx, id); err != nil {
 		unlock()
 		return nil, nil, err
 	}
 	return sb, unlock, nil
 }
 
+// canSee is the manager's visibility rule, used by every lookup: a
+// sandbox's creator and its workspace's admins may see it. creatorFilter
+// is the same rule as a store filter, so list pages are full.
 func canSee(p auth.Principal, sb *store.Sandbox) bool {
 	return p.IsAdmin() || sb.CreatedBy == p.User
+}
+
+// creatorFilter is canSee as a store.ListOptions.CreatedBy value.
+func creatorFilter(p auth.Principal) string {
+	if p.IsAdmin() {
+		return ""
+	}
+	return p.User
 }
 
 // GetSandbox returns a sandbox by name (or id). Like every call naming a
@@ -289,17 +165,8 @@ func (m *Manager) ListSandboxes(ctx context.Context, o store.ListOptions) ([]*st
 	if err != nil {
 		return nil, err
 	}
-	all, err := m.cfg.Store.ListSandboxes(ctx, p.WorkspaceID, o)
-	if err != nil {
-		return nil, err
-	}
-	out := all[:0]
-	for _, sb := range all {
-		if canSee(p, sb) {
-			out = append(out, sb)
-		}
-	}
-	return out, nil
+	o.CreatedBy = creatorFilter(p)
+	return m.cfg.Store.ListSandboxes(ctx, p.WorkspaceID, o)
 }
 
 // StopSandbox stops a ready sandbox, keeping its filesystem, and returns
@@ -313,14 +180,13 @@ func (m *Manager) StopSandbox(ctx context.Context, name string) (*store.Sandbox,
 		return nil, err
 	}
 	defer unlock()
-	switch sb.Status {
-	case protocol.StatusStopped:
-		return sb, nil
-	case protocol.StatusReady:
-		return sb, m.halt(ctx, sb, "")
-	default:
-		return nil, fmt.Errorf("sandbox %s is %s and cannot be stopped: %w", name, sb.Status, errdefs.ErrConflict)
+	if err := requireStatus(sb, opStop); err != nil {
+		return nil, err
 	}
+	if statusOf(sb) == Stopped {
+		return sb, nil
+	}
+	return sb, m.halt(ctx, sb, "")
 }
 
 // halt stops sb's processes and network, unmounts its rootfs and records it
@@ -338,9 +204,7 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) error
 	if err := m.cfg.Storage.Unmount(ctx, rid); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
 	}
-	now := time.Now().UTC()
-	sb.Status, sb.StatusMessage, sb.StoppedAt, sb.UpdatedAt = protocol.StatusStopped, msg, &now, now
-	return m.cfg.Store.UpdateSandbox(ctx, sb)
+	return m.transition(ctx, sb, Stopped, msg)
 }
 
 // StartSandbox boots a stopped sandbox on its existing filesystem (or a
@@ -364,26 +228,26 @@ func (m *Manager) StartSandbox(ctx context.Context, name string) (*store.Sandbox
 // reboots a failed sandbox and accepts a provisioning one; a dataplane
 // wake-up reports those as not ready.
 func (m *Manager) wake(ctx context.Context, id string, explicit bool) error {
-	unlock := m.lock(id)
-	defer unlock()
-	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
+	sb, unlock, err := m.lockID(ctx, id)
 	if err != nil {
 		return err
 	}
-	switch {
-	case sb.Status == protocol.StatusReady:
+	defer unlock()
+	o := opWake
+	if explicit {
+		o = opStart
+	}
+	if err := requireStatus(sb, o); err != nil {
+		return err
+	}
+	switch statusOf(sb) {
+	case Ready, Provisioning:
 		return nil
-	case sb.Status == protocol.StatusStopped:
-	case explicit && sb.Status == protocol.StatusProvisioning:
-		return nil
-	case explicit && sb.Status == protocol.StatusFailed:
+	case Failed:
 		// Its first boot failed: boot it again as a first boot.
-		sb.Status, sb.StatusMessage, sb.UpdatedAt = protocol.StatusProvisioning, "", time.Now().UTC()
-		if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
+		if err := m.transition(ctx, sb, Provisioning, ""); err != nil {
 			return err
 		}
-	default:
-		return fmt.Errorf("sandbox %s is %s: %w", sb.Name, sb.Status, errdefs.ErrNotReady)
 	}
 	sn, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
 	if err != nil {
@@ -402,7 +266,16 @@ func (m *Manager) DeleteSandbox(ctx context.Context, name string) error {
 	return m.destroy(ctx, sb)
 }
 
+// destroy records sb deleting, removes its instance and data, then its
+// record. A teardown that fails leaves it deleting: deleting it again (or
+// the next Recover) retries. Callers hold sb's lock.
 func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
+	if err := requireStatus(sb, opDelete); err != nil {
+		return err
+	}
+	if err := m.transition(ctx, sb, Deleting, ""); err != nil {
+		return err
+	}
 	rid := runtimeID(sb.ID)
 	m.setAgent(sb.ID, nil)
 	if err := errors.Join(
@@ -413,13 +286,10 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 		return fmt.Errorf("delete sandbox %s: %w", sb.Name, err)
 	}
 	m.egressDown(ctx, sb.ID)
-	if err := m.cfg.Store.DeleteSandbox(ctx, sb.ID); err != nil {
+	if err := m.transition(ctx, sb, Gone, ""); err != nil {
 		return err
 	}
-	m.mu.Lock()
-	delete(m.acts, sb.ID)
-	delete(m.locks, sb.ID)
-	m.mu.Unlock()
+	m.forget(sb.ID)
 	return nil
 }
 
@@ -463,13 +333,12 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 	}
 	// Mark the sandbox busy before looking up its instance, so the idle
 	// reaper cannot stop it between the lookup and the request's use.
-	release := m.acquire(id)
+	release, c, gone := m.acquireInstance(id)
 	defer func() {
 		if err != nil {
 			release()
 		}
 	}()
-	c, gone := m.instance(id)
 	if c == nil {
 		if err := m.wake(ctx, id, false); err != nil {
 			return nil, err
@@ -494,11 +363,14 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 // halt begins, and the halt records why only as it ends.
 func (m *Manager) StatusMessage(ctx context.Context, id string) string {
 	m.mu.Lock()
-	l := m.locks[id] // not m.lock: a deleted sandbox must not get its lock back
+	_, ok := m.boxes[id] // a deleted sandbox must not get its box back
 	m.mu.Unlock()
-	if l != nil {
-		l.Lock()
-		l.Unlock() //lint:ignore SA2001 waiting for the transition is the point
+	if ok {
+		unlock, err := m.lock(ctx, id)
+		if err != nil {
+			return ""
+		}
+		unlock()
 	}
 	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
 	if err != nil {

@@ -64,16 +64,25 @@ func (m *Manager) CreateSnapshot(ctx context.Context, req protocol.CreateSnapsho
 	if err := m.cfg.Store.CreateSnapshot(ctx, sn); err != nil {
 		return nil, err
 	}
+	m.startBuild(ctx, sn, req.RunConfig)
+	return &SnapshotView{Snapshot: sn}, nil
+}
+
+// startBuild builds sn in the background, detached from ctx's
+// cancellation but ended by Close (the snapshot then stays building and
+// the next Recover resumes it).
+func (m *Manager) startBuild(ctx context.Context, sn *store.Snapshot, over *protocol.RunConfig) {
 	bp := &buildProgress{}
 	m.mu.Lock()
 	m.builds[sn.ID] = bp
 	m.mu.Unlock()
-	m.bg.Add(1)
-	go func() {
-		defer m.bg.Done()
-		m.buildSnapshot(context.WithoutCancel(ctx), sn, req.RunConfig, bp)
-	}()
-	return &SnapshotView{Snapshot: sn}, nil
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(m.life, cancel)
+	m.goBG(func() {
+		defer cancel()
+		defer stop()
+		m.buildSnapshot(ctx, sn, over, bp)
+	})
 }
 
 // buildSnapshot resolves the snapshot's image and marks it ready or failed.
@@ -96,6 +105,10 @@ func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *p
 			bp.done.Store(pr.Complete)
 		})
 	}
+	if err != nil && m.closing() {
+		m.log.Info("snapshot build interrupted by shutdown; resumed at the next start", "snapshot", sn.ID)
+		return
+	}
 	sn.UpdatedAt = time.Now().UTC()
 	if err != nil {
 		sn.Status, sn.StatusMessage = protocol.SnapshotFailed, fmt.Sprintf("pull image %q: %v", sn.DockerImage, err)
@@ -104,7 +117,9 @@ func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *p
 		sn.Status, sn.ImageDigest, sn.Layers = protocol.SnapshotReady, img.Digest, img.Layers
 		sn.RunConfig = img.Config.Layer(over)
 	}
-	if err := m.cfg.Store.UpdateSnapshot(ctx, sn); err != nil {
+	octx, cancel := outcomeContext(ctx)
+	defer cancel()
+	if err := m.cfg.Store.UpdateSnapshot(octx, sn); err != nil {
 		m.log.Error("record snapshot build result", "snapshot", sn.ID, "err", err)
 	}
 	img.Release() // the layers are recorded: GC now sees the snapshot use them

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -32,15 +31,15 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	if err := validateUpdateRequest(req, m.ttlUnit()); err != nil {
 		return nil, err
 	}
-	unlock := m.lock(sb.ID)
-	defer unlock()
-	if sb, err = m.cfg.Store.GetSandboxByID(ctx, sb.ID); err != nil {
+	sb, unlock, err := m.lockID(ctx, sb.ID)
+	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	proxy := bytes.TrimSpace(req.ProxyConfig)
 	if len(proxy) > 0 && string(proxy) != "null" {
-		if sb.Status != protocol.StatusReady {
-			return nil, fmt.Errorf("sandbox %s is %s; proxy_config can only be changed while it is ready: %w", sb.Name, sb.Status, ErrInvalidRequest)
+		if err := requireStatus(sb, opProxy); err != nil {
+			return nil, err
 		}
 		if err := m.SetProxyConfig(ctx, sb.ID, proxy); err != nil {
 			return nil, err

@@ -35,11 +35,11 @@ func TestTTLValidationFollowsGranularity(t *testing.T) {
 			t.Errorf("ttl %d unit %d: %v, valid=%v", c.v, c.unit, err, c.valid)
 		}
 	}
-	m := New(Config{TTLGranularity: time.Second})
+	m := &Manager{cfg: Config{TTLGranularity: time.Second}}
 	if m.ttlUnit() != 1 {
 		t.Fatalf("1s granularity gives unit %d", m.ttlUnit())
 	}
-	if New(Config{}).ttlUnit() != 60 {
+	if (&Manager{cfg: Config{TTLGranularity: time.Minute}}).ttlUnit() != 60 {
 		t.Fatal("default TTL unit is not 60")
 	}
 }

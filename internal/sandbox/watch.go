@@ -6,16 +6,16 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
-	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"golang.org/x/sys/unix"
 )
 
 // watch notices when sandbox id dies on its own (its Sentry or PID 1 was
 // OOM-killed, crashed, or was killed from the host). It waits on a pidfd of
 // the driver's process, so it costs nothing while the sandbox lives and
-// fires at once when it goes. c is the agent client of the instance being
-// watched: a deliberate stop or restart replaces it first, which tells died
-// the exit was expected.
+// fires at once when it goes; Close wakes it through the manager's pipe
+// and it ends without a verdict (the sandbox outlives the daemon). c is the
+// agent client of the instance being watched: a deliberate stop or restart
+// replaces it first, which tells died the exit was expected.
 func (m *Manager) watch(ctx context.Context, id string, c *agent.Client) {
 	pid, err := m.cfg.Driver.PID(ctx, runtimeID(id))
 	if err != nil || pid == 0 {
@@ -27,30 +27,35 @@ func (m *Manager) watch(ctx context.Context, id string, c *agent.Client) {
 		m.log.Warn("cannot watch sandbox process", "sandbox", id, "pid", pid, "err", err)
 		return
 	}
-	go func() {
+	m.goBG(func() {
 		defer unix.Close(fd)
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(m.wakeR.Fd()), Events: unix.POLLIN}}
 		for {
 			if _, err := unix.Poll(fds, -1); !errors.Is(err, unix.EINTR) {
 				break
 			}
 		}
+		if fds[0].Revents == 0 || m.closing() {
+			return // the manager is closing
+		}
 		m.died(context.WithoutCancel(ctx), id, c)
-	}()
+	})
 }
 
 // died records that the instance behind c exited unexpectedly: the sandbox
 // becomes stopped (files kept) with a message saying why, and the next
 // dataplane request or start boots it again.
 func (m *Manager) died(ctx context.Context, id string, c *agent.Client) {
-	unlock := m.lock(id)
-	defer unlock()
 	if cur, _ := m.instance(id); cur != c {
-		return // stopped, deleted or restarted on purpose
+		return // stopped, deleted or restarted on purpose (checked again below)
 	}
-	sb, err := m.cfg.Store.GetSandboxByID(ctx, id)
-	if err != nil || sb.Status != protocol.StatusReady {
+	sb, unlock, err := m.lockID(ctx, id)
+	if err != nil {
 		return
+	}
+	defer unlock()
+	if cur, _ := m.instance(id); cur != c || statusOf(sb) != Ready {
+		return // stopped, deleted or restarted on purpose
 	}
 	msg := "sandbox exited unexpectedly; its files are kept and the next request starts it again"
 	if runtime.OOMKilled(runtimeID(id)) {

@@ -379,6 +379,10 @@ func listClause(o ListOptions) (string, []any) {
 		where = ` AND instr(lower(name), lower(?)) > 0`
 		args = append(args, o.NameContains)
 	}
+	if o.CreatedBy != "" {
+		where += ` AND created_by=?`
+		args = append(args, o.CreatedBy)
+	}
 	limit := o.Limit
 	if limit <= 0 {
 		limit = -1

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -108,5 +109,46 @@ func TestNamesAndScoping(t *testing.T) {
 	}
 	if _, err := st.APIKeyByHash(ctx, "other"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("unknown key: %v", err)
+	}
+}
+
+// The creator filter applies before paging: a user's page is full of
+// their own records, and the next offset continues among them only.
+func TestListSandboxesCreatedByPagesAfterFilter(t *testing.T) {
+	st := openTest(t, filepath.Join(t.TempDir(), "db"))
+	ctx := context.Background()
+	if err := st.EnsureWorkspace(ctx, Workspace{ID: "w", Name: "w", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	base := time.Now().UTC().Add(-time.Hour)
+	for i := range 30 {
+		who := "a"
+		if i%3 == 0 {
+			who = "b"
+		}
+		sb := &Sandbox{ID: fmt.Sprintf("id-%02d", i), WorkspaceID: "w", CreatedBy: who, Name: fmt.Sprintf("n-%02d", i),
+			Status: "stopped", Token: "t", CreatedAt: base.Add(time.Duration(i) * time.Second), UpdatedAt: base}
+		if err := st.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seen []string
+	for off := 0; ; off += 4 {
+		page, err := st.ListSandboxes(ctx, "w", ListOptions{CreatedBy: "b", Limit: 4, Offset: off})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sb := range page {
+			if sb.CreatedBy != "b" {
+				t.Fatalf("filter let %s's %s through", sb.CreatedBy, sb.Name)
+			}
+			seen = append(seen, sb.Name)
+		}
+		if len(page) < 4 {
+			break
+		}
+	}
+	if len(seen) != 10 {
+		t.Fatalf("paged through %d of b's 10 sandboxes: %v", len(seen), seen)
 	}
 }

@@ -115,8 +115,11 @@ type Registry struct {
 // ListOptions filter and page list queries.
 type ListOptions struct {
 	NameContains string
-	Limit        int
-	Offset       int
+	// CreatedBy, when set, keeps only records that user created. It is
+	// applied before paging, so a page of a user's records is full.
+	CreatedBy string
+	Limit     int
+	Offset    int
 }
 
 // Store is the persistence interface. Lookups of missing records return

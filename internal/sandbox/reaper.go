@@ -7,8 +7,13 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/store"
-	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
+
+// The idle/TTL reaper. It observes activity — recorded by touch and
+// acquire (box.go) wherever a call names a sandbox — and never sits in a
+// call's path: every ReapInterval it stops ready sandboxes idle for their
+// idle_ttl_seconds and deletes stopped ones delete_after_stop_seconds
+// after stopped_at, through the same transitions as the API.
 
 // activity is the idle-TTL bookkeeping of one sandbox. What counts as
 // activity (README, "Idle timeout: what counts as activity"):
@@ -33,48 +38,6 @@ type activity struct {
 	polled  bool
 }
 
-// act returns id's bookkeeping, creating it. Callers hold m.mu.
-func (m *Manager) act(id string) *activity {
-	a := m.acts[id]
-	if a == nil {
-		a = &activity{}
-		m.acts[id] = a
-	}
-	return a
-}
-
-// touch records activity on sandbox id now.
-func (m *Manager) touch(id string) {
-	now := time.Now()
-	m.mu.Lock()
-	if a := m.act(id); now.After(a.last) {
-		a.last = now
-	}
-	m.mu.Unlock()
-}
-
-// acquire marks a request or stream on sandbox id as open; release ends it.
-// Both count as activity.
-func (m *Manager) acquire(id string) (release func()) {
-	m.mu.Lock()
-	a := m.act(id)
-	a.busy++
-	a.last = time.Now()
-	m.mu.Unlock()
-	done := false
-	return func() {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		if done {
-			return
-		}
-		done = true
-		a := m.act(id)
-		a.busy--
-		a.last = time.Now()
-	}
-}
-
 // restoreActivity seeds id's bookkeeping from its record after a daemon
 // restart: the persisted time, or the record's last update when none was
 // persisted yet.
@@ -84,14 +47,14 @@ func (m *Manager) restoreActivity(sb *store.Sandbox) {
 		t = *sb.LastActiveAt
 	}
 	m.mu.Lock()
-	a := m.act(sb.ID)
+	defer m.mu.Unlock()
+	a := &m.boxLocked(sb.ID).act
 	if t.After(a.last) {
 		a.last = t
 	}
 	if t.After(a.flushed) {
 		a.flushed = t
 	}
-	m.mu.Unlock()
 }
 
 // idleFor reports how long sandbox id has been idle and whether a request
@@ -99,7 +62,7 @@ func (m *Manager) restoreActivity(sb *store.Sandbox) {
 func (m *Manager) idleFor(id string, now time.Time, fallback time.Time) (time.Duration, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	a := m.act(id)
+	a := &m.boxLocked(id).act
 	if a.last.IsZero() {
 		a.last = fallback
 	}
@@ -107,18 +70,19 @@ func (m *Manager) idleFor(id string, now time.Time, fallback time.Time) (time.Du
 }
 
 // claimIdle detaches sandbox id's agent if it has been idle since before
-// cutoff and nothing is open on it, atomically with respect to acquire:
-// a request that arrives afterwards finds no instance and waits on the
-// sandbox lock (held by the reaper) to wake it again.
+// cutoff and nothing is open on it. The check and the detach are one
+// critical section of m.mu, the one acquire takes: a request that
+// acquires first keeps the instance; one that acquires after finds no
+// instance and waits on the lifecycle lock (held by the reaper) to wake
+// the sandbox again.
 func (m *Manager) claimIdle(id string, cutoff time.Time) bool {
 	m.mu.Lock()
-	a := m.act(id)
-	idle := a.busy == 0 && !a.last.After(cutoff)
-	m.mu.Unlock()
-	if !idle {
+	defer m.mu.Unlock()
+	b := m.boxLocked(id)
+	if b.act.busy > 0 || b.act.last.After(cutoff) {
 		return false
 	}
-	m.setAgent(id, nil)
+	b.setAgentLocked(nil)
 	return true
 }
 
@@ -137,28 +101,33 @@ func (m *Manager) pollAgent(ctx context.Context, id string) {
 		return
 	}
 	m.mu.Lock()
-	a := m.act(id)
+	defer m.mu.Unlock()
+	a := &m.boxLocked(id).act
 	if got.Running > 0 || (a.polled && got != a.agent) {
 		a.last = time.Now()
 	}
 	a.agent, a.polled = got, true
-	m.mu.Unlock()
 }
 
-// RunReaper enforces idle_ttl_seconds and delete_after_stop_seconds every
-// ReapInterval until ctx ends.
-func (m *Manager) RunReaper(ctx context.Context) {
-	t := time.NewTicker(m.cfg.ReapInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			m.flushActivity(context.WithoutCancel(ctx), nil)
-			return
-		case <-t.C:
-			m.Reap(ctx)
+// StartReaper runs the reaper every ReapInterval until ctx ends or the
+// manager closes; Close waits for it and flushes activity a last time.
+func (m *Manager) StartReaper(ctx context.Context) {
+	m.goBG(func() {
+		t := time.NewTicker(m.cfg.ReapInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				m.flushActivity(ctx, nil)
+				return
+			case <-m.life.Done():
+				m.flushActivity(ctx, nil)
+				return
+			case <-t.C:
+				m.Reap(ctx)
+			}
 		}
-	}
+	})
 }
 
 // Reap runs one pass: stops ready sandboxes idle for idle_ttl_seconds,
@@ -172,14 +141,19 @@ func (m *Manager) Reap(ctx context.Context) {
 	}
 	for _, sb := range all {
 		switch {
-		case sb.Status == protocol.StatusReady && sb.IdleTTLSeconds > 0:
+		case statusOf(sb) == Ready && sb.IdleTTLSeconds > 0:
 			m.reapIdle(ctx, sb)
-		case sb.Status == protocol.StatusStopped && sb.DeleteAfterStopSeconds > 0 && sb.StoppedAt != nil &&
-			time.Since(*sb.StoppedAt) >= time.Duration(sb.DeleteAfterStopSeconds)*time.Second:
+		case stopTTLDue(sb):
 			m.reapStopped(ctx, sb.ID)
 		}
 	}
 	m.flushActivity(ctx, all)
+}
+
+// stopTTLDue reports whether stopped sb is due for deletion.
+func stopTTLDue(sb *store.Sandbox) bool {
+	return statusOf(sb) == Stopped && sb.DeleteAfterStopSeconds > 0 && sb.StoppedAt != nil &&
+		time.Since(*sb.StoppedAt) >= time.Duration(sb.DeleteAfterStopSeconds)*time.Second
 }
 
 func (m *Manager) reapIdle(ctx context.Context, sb *store.Sandbox) {
@@ -188,10 +162,12 @@ func (m *Manager) reapIdle(ctx context.Context, sb *store.Sandbox) {
 	if idle, busy := m.idleFor(sb.ID, time.Now(), sb.UpdatedAt); busy || idle < ttl {
 		return
 	}
-	unlock := m.lock(sb.ID)
+	cur, unlock, err := m.lockID(ctx, sb.ID)
+	if err != nil {
+		return
+	}
 	defer unlock()
-	cur, err := m.cfg.Store.GetSandboxByID(ctx, sb.ID)
-	if err != nil || cur.Status != protocol.StatusReady || cur.IdleTTLSeconds <= 0 {
+	if requireStatus(cur, opIdleStop) != nil || cur.IdleTTLSeconds <= 0 {
 		return
 	}
 	ttl = time.Duration(cur.IdleTTLSeconds) * time.Second
@@ -206,11 +182,12 @@ func (m *Manager) reapIdle(ctx context.Context, sb *store.Sandbox) {
 }
 
 func (m *Manager) reapStopped(ctx context.Context, id string) {
-	unlock := m.lock(id)
+	cur, unlock, err := m.lockID(ctx, id)
+	if err != nil {
+		return
+	}
 	defer unlock()
-	cur, err := m.cfg.Store.GetSandboxByID(ctx, id)
-	if err != nil || cur.Status != protocol.StatusStopped || cur.DeleteAfterStopSeconds <= 0 || cur.StoppedAt == nil ||
-		time.Since(*cur.StoppedAt) < time.Duration(cur.DeleteAfterStopSeconds)*time.Second {
+	if requireStatus(cur, opTTLStop) != nil || !stopTTLDue(cur) {
 		return
 	}
 	m.log.Info("stopped sandbox deleted", "sandbox", cur.ID, "name", cur.Name, "delete_after_stop_seconds", cur.DeleteAfterStopSeconds)
@@ -219,11 +196,13 @@ func (m *Manager) reapStopped(ctx context.Context, id string) {
 	}
 }
 
-// flushActivity persists activity newer than what the store holds. With
-// the full record list, it also forgets bookkeeping of deleted sandboxes.
+// flushActivity persists activity newer than what the store holds, on a
+// context detached from ctx (it runs at shutdown too). With the full
+// record list, it also forgets boxes of deleted sandboxes.
 func (m *Manager) flushActivity(ctx context.Context, all []*store.Sandbox) {
 	type pending struct {
 		id string
+		a  *activity
 		at time.Time
 	}
 	var todo []pending
@@ -233,26 +212,28 @@ func (m *Manager) flushActivity(ctx context.Context, all []*store.Sandbox) {
 		for _, sb := range all {
 			exists[sb.ID] = true
 		}
-		for id, a := range m.acts {
-			if !exists[id] && a.busy == 0 {
-				delete(m.acts, id)
+		for id, b := range m.boxes {
+			if !exists[id] && b.idleBoxLocked() {
+				delete(m.boxes, id)
 			}
 		}
 	}
-	for id, a := range m.acts {
-		if a.last.After(a.flushed) {
-			todo = append(todo, pending{id, a.last})
+	for id, b := range m.boxes {
+		if b.act.last.After(b.act.flushed) {
+			todo = append(todo, pending{id, &b.act, b.act.last})
 		}
 	}
 	m.mu.Unlock()
+	ctx, cancel := outcomeContext(ctx)
+	defer cancel()
 	for _, p := range todo {
 		if err := m.cfg.Store.SetSandboxActivity(ctx, p.id, p.at); err != nil {
 			m.log.Warn("persist sandbox activity", "sandbox", p.id, "err", err)
 			continue
 		}
 		m.mu.Lock()
-		if a := m.acts[p.id]; a != nil && p.at.After(a.flushed) {
-			a.flushed = p.at
+		if p.at.After(p.a.flushed) {
+			p.a.flushed = p.at
 		}
 		m.mu.Unlock()
 	}

@@ -1,0 +1,214 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/cleanup"
+	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/store"
+)
+
+// Booting is two halves. prepare brings up an instance — rootfs, netns,
+// egress enforcement, runtime, agent answering — from a snapshot and an
+// identity; bind ties a prepared instance to its record — limits back to
+// fs_capacity_bytes, the ready transition, the agent handed out, the
+// watcher and the idle clock. The identity (hostname from the name, agent
+// token, resource limits, egress policy) is derived from the record in
+// one place, identityOf. A warm pool or a memory-restored branch prepares
+// instances ahead and binds them to records later; the identity the
+// runtime cannot yet change after start (hostname, limits) is what such a
+// pool must still settle at bind.
+
+// BootError marks a boot failure caused by the sandbox's configuration or
+// image (reported as a creation error), as opposed to an internal fault.
+type BootError struct{ Err error }
+
+func (e *BootError) Error() string { return e.Err.Error() }
+func (e *BootError) Unwrap() error { return e.Err }
+
+// identity is what makes an instance a particular sandbox's.
+type identity struct {
+	id, workspace string
+	name          string
+	hostname      string
+	token         string // this instance's fresh agent token
+	limits        runtime.Limits
+	proxyConfig   []byte
+}
+
+// identityOf derives sb's identity for an instance with agent token token.
+func (m *Manager) identityOf(sb *store.Sandbox, token string) identity {
+	return identity{
+		id: sb.ID, workspace: sb.WorkspaceID, name: sb.Name, hostname: hostname(sb), token: token, proxyConfig: sb.ProxyConfig,
+		limits: runtime.Limits{MilliCPUs: sb.VCPUs * 1000, MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
+	}
+}
+
+// instance is a prepared, running sandbox instance not yet handed out.
+type instance struct {
+	rootfs   string
+	ep       *network.Endpoint
+	client   *agent.Client
+	restored bool
+	timings  []any // slog attributes of the boot's phases
+}
+
+// boot brings sb from provisioning or stopped to ready. On failure it tears
+// down whatever it built and records the sandbox as failed (first boot) or
+// stopped (restart), keeping the upper dir; the record is written even when
+// ctx (the boot timeout, the client) has ended. Callers hold sb's lock.
+func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot) (err error) {
+	first := statusOf(sb) == Provisioning
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.Limits.BootTimeout)
+	defer cancel()
+	start := time.Now()
+	var undo cleanup.Stack
+	defer func() {
+		if err == nil {
+			return
+		}
+		if cerr := undo.Run(ctx); cerr != nil {
+			m.log.Error("clean up failed boot", "sandbox", sb.ID, "err", cerr)
+		}
+		to, msg := Failed, err.Error()
+		if !first {
+			to, msg = Stopped, "start failed: "+msg
+		}
+		if terr := m.transition(ctx, sb, to, msg); terr != nil {
+			m.log.Error("record failed boot", "sandbox", sb.ID, "err", terr)
+		}
+	}()
+	if first {
+		if err := m.seedIdentity(ctx, runtimeID(sb.ID), sn); err != nil {
+			return err
+		}
+	}
+	// Every instance gets a fresh agent token, recorded before the agent
+	// exists (a re-adopting daemon reads it back): the previous instance's
+	// token, and a memory snapshot's, never work on this one.
+	token := randomHex(32)
+	if err := m.cfg.Store.SetSandboxToken(ctx, sb.ID, token); err != nil {
+		return err
+	}
+	sb.Token = token
+	// The boot's own writes (overlay's work dir, the CA bundle) get a
+	// reserve above fs_capacity_bytes, so a sandbox that filled its
+	// capacity still boots; bind drops the limit back.
+	inst, err := m.prepare(ctx, &undo, sn, first, m.identityOf(sb, token), sb.FSCapacityBytes+bootReserveBytes)
+	if err != nil {
+		return err
+	}
+	if err := m.bind(ctx, sb, inst); err != nil {
+		return err
+	}
+	undo.Release()
+	m.log.Info("sandbox ready", append([]any{"sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(),
+		"restored", inst.restored, "boot", time.Since(start)}, inst.timings...)...)
+	return nil
+}
+
+// prepare brings up an instance of snapshot sn for identity id: rootfs
+// (limited to fsLimit while booting), netns, egress, runtime, agent. Every
+// step pushes its undo on undo. A first boot of a memory snapshot restores
+// it instead of starting afresh.
+func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Snapshot, first bool, id identity, fsLimit int64) (*instance, error) {
+	rid := runtimeID(id.id)
+	t0 := time.Now()
+	image, restore := "", false
+	if first {
+		image, restore = m.memoryImage(sn)
+	}
+	if _, err := m.cfg.Storage.Prepare(ctx, rid); err != nil {
+		return nil, err
+	}
+	m.limitFS(ctx, id.id, fsLimit)
+	rootfs, err := m.cfg.Storage.Mount(ctx, rid, sn.Layers)
+	if err != nil {
+		return nil, err
+	}
+	undo.Push(func(ctx context.Context) error {
+		if first {
+			return m.cfg.Storage.Remove(ctx, rid)
+		}
+		return m.cfg.Storage.Unmount(ctx, rid)
+	})
+	tMount := time.Now()
+	ep, err := m.cfg.Network.Setup(ctx, rid)
+	if err != nil {
+		return nil, fmt.Errorf("set up network: %w", err)
+	}
+	undo.Push(func(ctx context.Context) error { return m.cfg.Network.Teardown(ctx, rid) })
+	tNetwork := time.Now()
+	egressEnv, err := m.egressUp(ctx, id, rootfs, ep)
+	if err != nil {
+		return nil, err
+	}
+	undo.Push(func(ctx context.Context) error { m.egressDown(ctx, id.id); return nil })
+	spec := runtime.Spec{
+		ID: rid, RootFS: rootfs, AgentBinary: m.cfg.AgentBinary,
+		Env: egressEnv, Token: id.token, Hostname: id.hostname, NetNS: ep.NetNS, Limits: id.limits,
+	}
+	tEgress := time.Now()
+	if restore {
+		if err := m.cfg.Driver.(runtime.Checkpointer).Restore(ctx, spec, image); err != nil {
+			return nil, &BootError{Err: fmt.Errorf("restore %s sandbox from memory snapshot %s: %w", m.cfg.Driver.Name(), sn.ID, err)}
+		}
+	} else if err := m.cfg.Driver.Start(ctx, spec); err != nil {
+		return nil, &BootError{Err: fmt.Errorf("start %s sandbox: %w", m.cfg.Driver.Name(), err)}
+	}
+	undo.Push(func(ctx context.Context) error { return m.cfg.Driver.Stop(ctx, rid) })
+	tDriver := time.Now()
+	client, err := m.waitAgent(ctx, m.agentAddr(ep.SandboxIP), id.token, sn, restore)
+	if err != nil {
+		return nil, &BootError{Err: err}
+	}
+	undo.Push(func(context.Context) error { client.Close(); return nil })
+	tAgent := time.Now()
+	return &instance{rootfs: rootfs, ep: ep, client: client, restored: restore, timings: []any{
+		"rootfs", tMount.Sub(t0), "network", tNetwork.Sub(tMount), "egress", tEgress.Sub(tNetwork),
+		"driver", tDriver.Sub(tEgress), "agent", tAgent.Sub(tDriver)}}, nil
+}
+
+// bind hands prepared instance inst out as sb's: its filesystem limit
+// drops back to fs_capacity_bytes, sb becomes ready, and the instance's
+// agent, watcher and idle clock are sb's.
+func (m *Manager) bind(ctx context.Context, sb *store.Sandbox, inst *instance) error {
+	m.limitFS(ctx, sb.ID, sb.FSCapacityBytes)
+	if err := m.transition(ctx, sb, Ready, ""); err != nil {
+		return err
+	}
+	m.setAgent(sb.ID, inst.client)
+	m.watch(ctx, sb.ID, inst.client)
+	m.touch(sb.ID)
+	return nil
+}
+
+// bootReserveBytes is what a sandbox may hold above its fs_capacity_bytes
+// while it boots: room for the runtime's own writes (overlay's work dir,
+// the CA bundle, btrfs metadata), so a full sandbox still starts and its
+// user can delete files. Outside a boot the limit is fs_capacity_bytes.
+const bootReserveBytes = 4 << 20
+
+// limitFS caps sandbox id's filesystem at bytes: fs_capacity_bytes is
+// enforced, not just recorded, wherever the store can (btrfs qgroups); a
+// store that cannot is logged, not fatal.
+func (m *Manager) limitFS(ctx context.Context, id string, bytes int64) {
+	if enforced, err := m.cfg.Storage.Limit(ctx, runtimeID(id), bytes); err != nil || !enforced {
+		m.log.Warn("fs_capacity_bytes not enforced", "sandbox", id, "backend", m.cfg.Storage.Backend(), "err", err)
+	}
+}
+
+// hostname is the sandbox's UTS hostname: its name when that is a valid
+// hostname, else a stable one from its id.
+func hostname(sb *store.Sandbox) string {
+	for _, r := range sb.Name {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-') {
+			return "cubicle-" + runtimeID(sb.ID)[:12]
+		}
+	}
+	return sb.Name
+}

@@ -1,0 +1,54 @@
+package sandbox
+
+import (
+	"context"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
+)
+
+// Storage is what the manager calls on sandbox filesystems: an overlay
+// rootfs per sandbox over snapshot layers, on a copy-on-write store.
+// internal/storage.Overlays implements it; sandboxtest.Storage fakes it.
+// Ids are runtime ids (runtimeID), snapshot names are snapshot ids.
+type Storage interface {
+	// Backend names the CoW backend, for logs and the API.
+	Backend() string
+	// Prepare creates the sandbox's upper dir unless it exists and returns it.
+	Prepare(ctx context.Context, id string) (string, error)
+	// Mount mounts the rootfs over layers (bottom first) and returns its path.
+	Mount(ctx context.Context, id string, layers []string) (string, error)
+	// Unmount unmounts the rootfs; not mounted is not an error.
+	Unmount(ctx context.Context, id string) error
+	// Remove deletes everything the sandbox wrote.
+	Remove(ctx context.Context, id string) error
+	// Reset empties the (unmounted) sandbox's upper dir.
+	Reset(ctx context.Context, id string) error
+	// UpperDir is where the sandbox's writes land.
+	UpperDir(id string) string
+	// Limit caps the sandbox's filesystem, reporting whether it is enforced.
+	Limit(ctx context.Context, id string, bytes int64) (enforced bool, err error)
+	// Flush writes dirty data back before a freeze.
+	Flush(ctx context.Context, id string) error
+	// Capture snapshots the (frozen) upper dir as snapshot snap's layer.
+	Capture(ctx context.Context, id, snap string) (string, error)
+	// CaptureLayer is the layer path Capture gives snapshot snap.
+	CaptureLayer(snap string) string
+	// RemoveCapture deletes snap's captured layer and memory image.
+	RemoveCapture(ctx context.Context, snap string) error
+	// MemoryDir is where snapshot snap keeps a memory image.
+	MemoryDir(snap string) string
+	// Usage is the exclusive bytes of sandboxes ids and snapshots snaps.
+	Usage(ctx context.Context, ids, snaps []string) (map[string]int64, error)
+}
+
+// Network is what the manager calls on sandbox networks: one netns and
+// address per sandbox. internal/network.Manager implements it;
+// sandboxtest.Network fakes it.
+type Network interface {
+	// Setup builds (or repairs) id's endpoint.
+	Setup(ctx context.Context, id string) (*network.Endpoint, error)
+	// Lookup returns id's existing endpoint.
+	Lookup(ctx context.Context, id string) (*network.Endpoint, error)
+	// Teardown removes id's endpoint; none is not an error.
+	Teardown(ctx context.Context, id string) error
+}

@@ -1,0 +1,154 @@
+package sandbox
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// backdate makes sandbox id look idle since d ago.
+func (e *env) backdate(id string, d time.Duration) {
+	e.m.mu.Lock()
+	defer e.m.mu.Unlock()
+	e.m.boxLocked(id).act.last = time.Now().Add(-d)
+}
+
+func TestReaperStopsIdleSandbox(t *testing.T) {
+	e := newEnv(t)
+	ctx := as(member)
+	sb, err := e.m.CreateSandbox(ctx, protocol.CreateSandboxRequest{Name: "idle", IdleTTLSeconds: ptr(int64(2))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.m.Reap(context.Background())
+	if got := e.get(t, sb.ID); got.Status != protocol.StatusReady {
+		t.Fatalf("a fresh sandbox was reaped: %s", got.Status)
+	}
+
+	// An open request keeps it however old its last activity.
+	c, err := e.m.Dataplane(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.backdate(sb.ID, time.Minute)
+	e.m.Reap(context.Background())
+	if got := e.get(t, sb.ID); got.Status != protocol.StatusReady {
+		t.Fatal("a sandbox with an open request was reaped")
+	}
+	c.Release()
+
+	// A command the agent reports running counts as activity.
+	e.driver.Agent(runtimeID(sb.ID)).SetActivity(agent.Activity{Running: 1, Sessions: 1})
+	e.backdate(sb.ID, time.Minute)
+	e.m.Reap(context.Background())
+	if got := e.get(t, sb.ID); got.Status != protocol.StatusReady {
+		t.Fatal("a sandbox running a detached command was reaped")
+	}
+	// The command ending is a change, so activity too; after that, idle.
+	e.driver.Agent(runtimeID(sb.ID)).SetActivity(agent.Activity{Sessions: 1})
+	e.backdate(sb.ID, time.Minute)
+	e.m.Reap(context.Background())
+	if got := e.get(t, sb.ID); got.Status != protocol.StatusReady {
+		t.Fatal("a sandbox whose command just ended was reaped")
+	}
+	e.backdate(sb.ID, time.Minute)
+	e.m.Reap(context.Background())
+	got := e.get(t, sb.ID)
+	if got.Status != protocol.StatusStopped || !strings.Contains(got.StatusMessage, "idle_ttl_seconds=2") {
+		t.Fatalf("idle sandbox: %s %q", got.Status, got.StatusMessage)
+	}
+	if got.LastActiveAt == nil {
+		t.Fatal("the reaper did not persist activity")
+	}
+	// The next request starts it again.
+	c, err = e.m.Dataplane(ctx, sb.ID)
+	if err != nil {
+		t.Fatalf("request after an idle stop: %v", err)
+	}
+	c.Release()
+}
+
+func TestReaperDeletesAfterStopTTL(t *testing.T) {
+	e := newEnv(t)
+	ctx := as(member)
+	sb, err := e.m.CreateSandbox(ctx, protocol.CreateSandboxRequest{Name: "old", DeleteAfterStopSeconds: ptr(int64(1))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep := e.create(t, member, "keep")
+	for _, n := range []string{"old", "keep"} {
+		if _, err := e.m.StopSandbox(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(1100 * time.Millisecond)
+	e.m.Reap(context.Background())
+	if _, err := e.st.GetSandboxByID(context.Background(), sb.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("stopped sandbox past its delete_after_stop_seconds: %v", err)
+	}
+	if got := e.get(t, keep.ID); got.Status != protocol.StatusStopped {
+		t.Fatalf("a sandbox with the default TTL was touched: %s", got.Status)
+	}
+}
+
+func TestReaperLoopEndsWithClose(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.ReapInterval = 10 * time.Millisecond })
+	sb := e.create(t, member, "r")
+	e.m.StartReaper(context.Background())
+	e.m.touch(sb.ID)
+	eventually(t, "an activity flush", func() bool { return e.get(t, sb.ID).LastActiveAt != nil })
+	e.m.Close() // returns only once the reaper has ended (goleak checks the rest)
+}
+
+func TestFlushForgetsDeletedSandboxes(t *testing.T) {
+	e := newEnv(t)
+	e.m.touch("no-such-sandbox")
+	e.m.flushActivity(context.Background(), []*store.Sandbox{})
+	e.m.mu.Lock()
+	_, ok := e.m.boxes["no-such-sandbox"]
+	e.m.mu.Unlock()
+	if ok {
+		t.Fatal("the box of a sandbox with no record survived a flush")
+	}
+}
+
+func TestRecover(t *testing.T) {
+	e := newEnv(t)
+	alive := e.create(t, member, "alive")
+	dead := e.create(t, member, "dead")
+	now := time.Now().UTC()
+	half := &store.Sandbox{ID: "00000000-0000-0000-0000-0000000000b1", WorkspaceID: workspace, CreatedBy: member.User, Name: "half",
+		Status: string(Provisioning), SnapshotID: e.snap.ID, Token: "t", CreatedAt: now, UpdatedAt: now}
+	dying := &store.Sandbox{ID: "00000000-0000-0000-0000-0000000000b2", WorkspaceID: workspace, CreatedBy: member.User, Name: "dying",
+		Status: string(Deleting), SnapshotID: e.snap.ID, Token: "t", CreatedAt: now, UpdatedAt: now}
+	for _, sb := range []*store.Sandbox{half, dying} {
+		if err := e.st.CreateSandbox(context.Background(), sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.m.Close()
+	e.driver.Stop(context.Background(), runtimeID(dead.ID)) // gone while the daemon was down
+	e.reopen(t)
+
+	if c, _ := e.m.instance(alive.ID); c == nil || e.get(t, alive.ID).Status != protocol.StatusReady {
+		t.Fatal("a running sandbox was not re-adopted")
+	}
+	if got := e.get(t, dead.ID); got.Status != protocol.StatusStopped || !strings.Contains(got.StatusMessage, "daemon restart") {
+		t.Fatalf("a sandbox gone while the daemon was down: %s %q", got.Status, got.StatusMessage)
+	}
+	if got := e.get(t, half.ID); got.Status != protocol.StatusFailed {
+		t.Fatalf("an interrupted boot: %s", got.Status)
+	}
+	if _, err := e.st.GetSandboxByID(context.Background(), dying.ID); !errdefs.IsNotFound(err) {
+		t.Fatalf("an interrupted delete was not finished: %v", err)
+	}
+	// The re-adopted instance is watched again.
+	e.driver.Kill(runtimeID(alive.ID))
+	eventually(t, "the watcher", func() bool { return e.get(t, alive.ID).Status == protocol.StatusStopped })
+}
