@@ -71,7 +71,7 @@ func decodeBytes(body []byte, v any) error {
 	if err := json.Unmarshal(body, &tree); err != nil {
 		return fmt.Errorf("decode request body: %v: %w", err, errdefs.ErrInvalid)
 	}
-	if p := unknownMember(tree, reflect.TypeOf(v), ""); p != "" {
+	if p, ok := unknownMember(tree, reflect.TypeOf(v), ""); ok {
 		return &unknownFieldError{path: p}
 	}
 	return nil
@@ -80,13 +80,14 @@ func decodeBytes(body []byte, v any) error {
 var rawMessageType = reflect.TypeFor[json.RawMessage]()
 
 // unknownMember returns the dotted path (indices as [i]) of the first
-// object member of tree that type t does not model, or "". It matches
+// object member of tree that type t does not model, and whether there is
+// one. It matches
 // names as encoding/json does (exact, else case-insensitive), descends
 // into structs, maps, slices and the raw members named in rawSchemas, and
 // stops at any other raw or interface member. encoding/json's
 // DisallowUnknownFields would name neither the path nor look into raw
 // members, hence this walk.
-func unknownMember(tree any, t reflect.Type, path string) string {
+func unknownMember(tree any, t reflect.Type, path string) (string, bool) {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -95,8 +96,8 @@ func unknownMember(tree any, t reflect.Type, path string) string {
 		switch t.Kind() {
 		case reflect.Map:
 			for _, k := range sortedKeys(node) {
-				if p := unknownMember(node[k], t.Elem(), join(path, k)); p != "" {
-					return p
+				if p, ok := unknownMember(node[k], t.Elem(), join(path, k)); ok {
+					return p, true
 				}
 			}
 		case reflect.Struct:
@@ -107,28 +108,28 @@ func unknownMember(tree any, t reflect.Type, path string) string {
 					ft, ok = foldLookup(fields, k)
 				}
 				if !ok {
-					return join(path, k)
+					return join(path, k), true
 				}
 				if ft == rawMessageType {
 					if ft, ok = rawSchemas[k]; !ok {
 						continue
 					}
 				}
-				if p := unknownMember(node[k], ft, join(path, k)); p != "" {
-					return p
+				if p, ok := unknownMember(node[k], ft, join(path, k)); ok {
+					return p, true
 				}
 			}
 		}
 	case []any:
 		if t.Kind() == reflect.Slice && t != rawMessageType {
 			for i, el := range node {
-				if p := unknownMember(el, t.Elem(), path+"["+strconv.Itoa(i)+"]"); p != "" {
-					return p
+				if p, ok := unknownMember(el, t.Elem(), path+"["+strconv.Itoa(i)+"]"); ok {
+					return p, true
 				}
 			}
 		}
 	}
-	return ""
+	return "", false
 }
 
 // jsonFields maps the JSON member names of struct type t (embedded
@@ -172,7 +173,11 @@ func sortedKeys(m map[string]any) []string {
 	return keys
 }
 
+// join appends member k to path; an empty name shows as "".
 func join(path, k string) string {
+	if k == "" {
+		k = `""`
+	}
 	if path == "" {
 		return k
 	}

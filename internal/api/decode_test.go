@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"net/http/httptest"
 	"strings"
@@ -24,6 +26,8 @@ func TestDecodeUnknownFields(t *testing.T) {
 		{``, ""},
 		{`null`, ""},
 		{`{"nmae":"a"}`, "nmae"},
+		{`{"":{}}`, `""`},
+		{`{"run_config":{"":1}}`, `run_config.""`},
 		{`{"run_config":{"user":"0","workdir":"/x"}}`, "run_config.workdir"},
 		{`{"run_config":{"env_vars":{"ANY_KEY":"v"}}}`, ""},
 		{`{"proxy_config":{"access_control":{"allowlist":["x.com"]}}}`, "proxy_config.access_control.allowlist"},
@@ -73,4 +77,39 @@ func TestDecodeErrors(t *testing.T) {
 	if err := decode(r, &req); !errors.Is(err, errdefs.ErrTooLarge) {
 		t.Fatalf("oversize: %v, want ErrTooLarge", err)
 	}
+}
+
+// FuzzDecode: the decoder never panics, and agrees with encoding/json's
+// own DisallowUnknownFields on what it checks too (everything outside raw
+// members): a body it accepts the strict standard decoder accepts, and a
+// body the standard decoder refuses for an unknown field it refuses.
+func FuzzDecode(f *testing.F) {
+	for _, s := range []string{
+		`{"name":"a","run_config":{"user":"0","env_vars":{"A":"b"}}}`,
+		`{"proxy_config":{"access_control":{"allowlist":["x"]}}}`,
+		`{"proxy_config":{"rules":[{"headers":[{"name":"H","value":{"type":"opaque","value":"v"}}]}]}}`,
+		`{"NAME":"a","Run_Config":{}}`, `{"x":1}`, `[]`, `null`, `{"vcpus":1e400}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var ours protocol.CreateSandboxRequest
+		err := decodeBytes(body, &ours)
+		var std protocol.CreateSandboxRequest
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		stdErr := dec.Decode(&std)
+		if stdErr == nil && dec.More() {
+			stdErr = errors.New("trailing data")
+		}
+		if len(bytes.TrimSpace(body)) == 0 {
+			return
+		}
+		if err == nil && stdErr != nil {
+			t.Fatalf("accepted %q, which encoding/json refuses: %v", body, stdErr)
+		}
+		if stdErr != nil && strings.Contains(stdErr.Error(), "unknown field") && err == nil {
+			t.Fatalf("accepted %q with an unknown field", body)
+		}
+	})
 }
