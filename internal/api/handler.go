@@ -15,6 +15,9 @@ type noContent struct{}
 // decode), check it (check may be nil), call the service, and encode what
 // it returns with status (noContent: 204, no body). Every error, from any
 // step, becomes HTTP in writeError.
+//
+// Endpoints that stream (execute, glob, grep, files, image load, the exec
+// WebSocket) keep their own writers but decode with the same decode.
 func jsonHandler[Req, Resp any](status int, check func(*Req) error, call func(*http.Request, Req) (Resp, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		var req Req

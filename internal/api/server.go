@@ -2,9 +2,11 @@
 // control plane (snapshots, boxes) under /v2/sandboxes and /api/v2/sandboxes,
 // and each sandbox's dataplane (exec, files) under /dp/{id}.
 //
-// Handlers decode and validate input, call the sandbox manager, and encode
-// results with the shared wire types in sdk/go/protocol. Errors become HTTP
-// only here (errors.go).
+// JSON handlers have one shape (jsonHandler): decode strictly (an unknown
+// member is a 422 naming it), validate, call the service through the
+// narrow interfaces of services.go, and encode with the shared wire types
+// in sdk/go/protocol. Who may do what is internal/authz's. Errors become
+// HTTP only here (errors.go).
 package api
 
 import (
