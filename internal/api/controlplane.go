@@ -1,42 +1,15 @@
 package api
 
 import (
-	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
-
-// maxBody bounds control-plane request bodies.
-const maxBody = 1 << 20
-
-// decode reads a JSON body into v; malformed JSON is a 422, a body over
-// maxBody a 413.
-func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
-	if err := dec.Decode(v); err != nil && !errors.Is(err, io.EOF) {
-		var te *json.UnmarshalTypeError
-		var me *http.MaxBytesError
-		if errors.As(err, &me) {
-			return fmt.Errorf("request body over %d bytes: %w", maxBody, errdefs.ErrTooLarge)
-		}
-		if errors.As(err, &te) {
-			if te.Field == "" {
-				return fmt.Errorf("request body must be a JSON object: %w", errdefs.ErrInvalid)
-			}
-			return errdefs.Field(te.Field, "must be of type %s", te.Type)
-		}
-		return fmt.Errorf("decode request body: %v: %w", err, errdefs.ErrInvalid)
-	}
-	return nil
-}
 
 func (s *Server) snapshotJSON(v *sandbox.SnapshotView) protocol.Snapshot {
 	sn := v.Snapshot
@@ -82,41 +55,32 @@ func listOptions(r *http.Request) (store.ListOptions, error) {
 	return o, nil
 }
 
-func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
-	var req protocol.CreateSnapshotRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
+func (s *Server) createSnapshot(r *http.Request, req protocol.CreateSnapshotRequest) (protocol.Snapshot, error) {
 	v, err := s.mgr.CreateSnapshot(r.Context(), req)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.Snapshot{}, err
 	}
-	writeJSON(w, http.StatusCreated, s.snapshotJSON(v))
+	return s.snapshotJSON(v), nil
 }
 
-func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+func (s *Server) getSnapshot(r *http.Request, _ none) (protocol.Snapshot, error) {
 	v, err := s.mgr.GetSnapshot(r.Context(), r.PathValue("id"))
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.Snapshot{}, err
 	}
 	out := s.snapshotJSON(v)
 	s.withUsage(r.Context(), nil, nil, v.Snapshot, &out)
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
-func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listSnapshots(r *http.Request, _ none) (protocol.SnapshotList, error) {
 	o, err := listOptions(r)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.SnapshotList{}, err
 	}
 	list, err := s.mgr.ListSnapshots(r.Context(), o)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.SnapshotList{}, err
 	}
 	out := make([]protocol.Snapshot, len(list))
 	for i, v := range list {
@@ -125,7 +89,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		// their size does not grow with the images' Env.
 		out[i].RunConfig = nil
 	}
-	writeJSON(w, http.StatusOK, protocol.SnapshotList{Snapshots: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))})
+	return protocol.SnapshotList{Snapshots: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))}, nil
 }
 
 // nextCursor is the offset of the next page as a string, or nil on the last.
@@ -137,113 +101,108 @@ func nextCursor(o store.ListOptions, n int) *string {
 	return &c
 }
 
-func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+func (s *Server) deleteSnapshot(r *http.Request, _ none) (noContent, error) {
 	if err := s.mgr.DeleteSnapshot(r.Context(), r.PathValue("id")); err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return noContent{}, err
 	}
 	// The snapshot may have been the last user of layers whose image is
 	// gone; freeing them is best effort and never fails the delete.
 	if _, err := s.collectImages(r.Context()); err != nil {
 		s.log.Warn("image gc after snapshot delete", "err", err)
 	}
-	w.WriteHeader(http.StatusNoContent)
+	return noContent{}, nil
 }
 
-func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
-	var req protocol.CreateSandboxRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
+// checkCreateSandbox checks the members the manager does not model and
+// folds the Python client's snapshot into snapshot_id (which accepts an
+// id or a name).
+func checkCreateSandbox(req *protocol.CreateSandboxRequest) error {
+	if len(req.MountConfig) > 0 && string(req.MountConfig) != "null" {
+		return errdefs.Field("mount_config", "mounts are not supported by this server")
 	}
-	sb, err := s.mgr.CreateSandbox(r.Context(), req)
+	if d := req.AccessDelegation; d != nil {
+		switch {
+		case d.Mode == protocol.DelegationInherit && len(d.Permissions) > 0:
+			return errdefs.Field("access_delegation.permissions", "must be empty for mode %s", protocol.DelegationInherit)
+		case d.Mode == protocol.DelegationExplicit && len(d.Permissions) == 0:
+			return errdefs.Field("access_delegation.permissions", "must be non-empty for mode %s", protocol.DelegationExplicit)
+		case d.Mode != protocol.DelegationInherit && d.Mode != protocol.DelegationExplicit:
+			return errdefs.Field("access_delegation.mode", "must be %q or %q", protocol.DelegationInherit, protocol.DelegationExplicit)
+		}
+	}
+	if req.Snapshot != "" {
+		if req.SnapshotID != "" || req.SnapshotName != "" && req.SnapshotName != req.Snapshot {
+			return errdefs.Field("snapshot", "give one of snapshot_id, snapshot and snapshot_name")
+		}
+		req.SnapshotID, req.SnapshotName, req.Snapshot = strings.TrimSuffix(req.Snapshot, ":latest"), "", ""
+	}
+	return nil
+}
+
+func (s *Server) createSandbox(r *http.Request, req protocol.CreateSandboxRequest) (protocol.Sandbox, error) {
+	return s.sandboxResult(s.mgr.CreateSandbox(r.Context(), req))
+}
+
+// sandboxResult encodes what a manager call on one sandbox returned.
+func (s *Server) sandboxResult(sb *store.Sandbox, err error) (protocol.Sandbox, error) {
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.Sandbox{}, err
 	}
-	writeJSON(w, http.StatusCreated, s.sandboxJSON(sb))
+	return s.sandboxJSON(sb), nil
 }
 
-func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
+func (s *Server) getSandbox(r *http.Request, _ none) (protocol.Sandbox, error) {
 	sb, err := s.mgr.GetSandbox(r.Context(), r.PathValue("name"))
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.Sandbox{}, err
 	}
 	out := s.sandboxJSON(sb)
 	s.withUsage(r.Context(), sb, &out, nil, nil)
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
-func (s *Server) sandboxStatus(w http.ResponseWriter, r *http.Request) {
+func (s *Server) sandboxStatus(r *http.Request, _ none) (protocol.StatusResponse, error) {
 	sb, err := s.mgr.GetSandbox(r.Context(), r.PathValue("name"))
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.StatusResponse{}, err
 	}
-	writeJSON(w, http.StatusOK, protocol.StatusResponse{Status: sb.Status, StatusMessage: sb.StatusMessage})
+	return protocol.StatusResponse{Status: sb.Status, StatusMessage: sb.StatusMessage}, nil
 }
 
-func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
+func (s *Server) listSandboxes(r *http.Request, _ none) (protocol.SandboxList, error) {
 	o, err := listOptions(r)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.SandboxList{}, err
 	}
 	list, err := s.mgr.ListSandboxes(r.Context(), o)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.SandboxList{}, err
 	}
 	out := make([]protocol.Sandbox, len(list))
 	for i, sb := range list {
 		out[i] = s.sandboxJSON(sb)
 	}
-	writeJSON(w, http.StatusOK, protocol.SandboxList{Sandboxes: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))})
+	return protocol.SandboxList{Sandboxes: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))}, nil
 }
 
-func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
-	if err := s.mgr.DeleteSandbox(r.Context(), r.PathValue("name")); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+func (s *Server) deleteSandbox(r *http.Request, _ none) (noContent, error) {
+	return noContent{}, s.mgr.DeleteSandbox(r.Context(), r.PathValue("name"))
 }
 
 // stopSandbox stops a ready sandbox (spec B8) and answers 200 with the
 // Sandbox JSON. Stopping a stopped sandbox is a 200 no-op.
-func (s *Server) stopSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.mgr.StopSandbox(r.Context(), r.PathValue("name"))
-	if err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+func (s *Server) stopSandbox(r *http.Request, _ none) (protocol.Sandbox, error) {
+	return s.sandboxResult(s.mgr.StopSandbox(r.Context(), r.PathValue("name")))
 }
 
 // startSandbox boots a stopped or failed sandbox (spec B7), blocking until
 // it is ready, and answers 200 with the Sandbox JSON. Starting a ready (or
 // provisioning) sandbox is a 200 no-op.
-func (s *Server) startSandbox(w http.ResponseWriter, r *http.Request) {
-	sb, err := s.mgr.StartSandbox(r.Context(), r.PathValue("name"))
-	if err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+func (s *Server) startSandbox(r *http.Request, _ none) (protocol.Sandbox, error) {
+	return s.sandboxResult(s.mgr.StartSandbox(r.Context(), r.PathValue("name")))
 }
 
 // updateSandbox applies a PATCH (spec B4) and answers the Sandbox JSON.
-func (s *Server) updateSandbox(w http.ResponseWriter, r *http.Request) {
-	var req protocol.UpdateSandboxRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	sb, err := s.mgr.UpdateSandbox(r.Context(), r.PathValue("name"), req)
-	if err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+func (s *Server) updateSandbox(r *http.Request, req protocol.UpdateSandboxRequest) (protocol.Sandbox, error) {
+	return s.sandboxResult(s.mgr.UpdateSandbox(r.Context(), r.PathValue("name"), req))
 }

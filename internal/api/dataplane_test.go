@@ -3,11 +3,13 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -57,5 +59,69 @@ func TestWriteExecuteResult(t *testing.T) {
 	var got protocol.ExecuteResult
 	if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || got != res || !utf8.Valid(rec.Body.Bytes()) {
 		t.Fatalf("decoded %+v, %v", got.ExitCode, err)
+	}
+}
+
+// TestLayerExec: a command's run_config layers over the sandbox's (user
+// and work_dir replace, env merges); the deprecated env/cwd fold into it;
+// combining both forms, or a relative work_dir, is refused naming the field.
+func TestLayerExec(t *testing.T) {
+	base := protocol.RunConfig{User: "app", WorkDir: "/srv", EnvVars: map[string]string{"A": "1", "B": "2"}}
+	f := protocol.ExecFrame{RunConfig: &protocol.RunConfig{WorkDir: "/tmp", EnvVars: map[string]string{"B": "3"}}}
+	if err := layerExec(base, &f); err != nil {
+		t.Fatal(err)
+	}
+	if rc := f.RunConfig; rc.User != "app" || rc.WorkDir != "/tmp" || rc.EnvVars["A"] != "1" || rc.EnvVars["B"] != "3" {
+		t.Fatalf("layered %+v", rc)
+	}
+	f = protocol.ExecFrame{Env: map[string]string{"C": "4"}, Cwd: "/home"}
+	if err := layerExec(base, &f); err != nil || f.RunConfig.WorkDir != "/home" || f.RunConfig.EnvVars["C"] != "4" || f.Env != nil || f.Cwd != "" {
+		t.Fatalf("deprecated env/cwd: %v %+v", err, f)
+	}
+	var fe *errdefs.FieldError
+	for _, c := range []struct {
+		f     protocol.ExecFrame
+		field string
+	}{
+		{protocol.ExecFrame{RunConfig: &protocol.RunConfig{}, Cwd: "/x"}, "run_config"},
+		{protocol.ExecFrame{RunConfig: &protocol.RunConfig{}, Env: map[string]string{"A": "b"}}, "run_config"},
+		{protocol.ExecFrame{RunConfig: &protocol.RunConfig{WorkDir: "rel"}}, "run_config.work_dir"},
+		{protocol.ExecFrame{Cwd: "rel"}, "run_config.work_dir"},
+	} {
+		if err := layerExec(base, &c.f); !errors.As(err, &fe) || fe.Field != c.field {
+			t.Fatalf("%+v: %v, want a %s field error", c.f, err, c.field)
+		}
+	}
+}
+
+// TestMatchWriter: a search answer is valid JSON whether it has no match,
+// several, or was cut short.
+func TestMatchWriter(t *testing.T) {
+	for _, n := range []int{0, 1, 3} {
+		rec := httptest.NewRecorder()
+		m := &matchWriter{w: rec}
+		for i := range n {
+			if err := m.add(map[string]int{"line": i}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		m.finish(n == 3)
+		var got struct {
+			Matches   []map[string]int `json:"matches"`
+			Truncated bool             `json:"truncated"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || len(got.Matches) != n || got.Truncated != (n == 3) {
+			t.Fatalf("%d matches: %q (%v)", n, rec.Body.String(), err)
+		}
+	}
+}
+
+// TestRelayedStatus: what the request or the files caused passes through;
+// an agent fault or anything odd is a 502.
+func TestRelayedStatus(t *testing.T) {
+	for in, want := range map[int]int{200: 200, 206: 206, 304: 304, 404: 404, 416: 416, 500: 502, 503: 502, 101: 502, 0: 502} {
+		if got := relayedStatus(in); got != want {
+			t.Fatalf("relayedStatus(%d) = %d, want %d", in, got, want)
+		}
 	}
 }

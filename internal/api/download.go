@@ -18,33 +18,25 @@ const maxDownloadTTL = 10 * 365 * 24 * time.Hour
 // downloadURL mints a download link (spec X2): a URL that needs no other
 // credential and is pinned, by its signed token, to one sandbox, one path,
 // and the content type and disposition asked for.
-func (s *Server) downloadURL(w http.ResponseWriter, r *http.Request) {
-	var req protocol.DownloadURLRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
+func (s *Server) downloadURL(r *http.Request, req protocol.DownloadURLRequest) (protocol.DownloadURLResponse, error) {
 	ttl, err := validateDownloadURL(req)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.DownloadURLResponse{}, err
 	}
 	sb, err := s.mgr.GetSandbox(r.Context(), r.PathValue("name"))
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.DownloadURLResponse{}, err
 	}
 	l, err := s.gw.IssueDownload(r.Context(), sb, req.Path, req.ContentType, req.ContentDisposition, ttl)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.DownloadURLResponse{}, err
 	}
 	resp := protocol.DownloadURLResponse{DownloadURL: l.URL, Token: l.Token}
 	if !l.ExpiresAt.IsZero() {
 		at := l.ExpiresAt.Format(time.RFC3339)
 		resp.ExpiresAt = &at
 	}
-	writeJSON(w, http.StatusOK, resp)
+	return resp, nil
 }
 
 // validateDownloadURL checks a download-url request and returns the link's

@@ -24,13 +24,23 @@ func writeDetail(w http.ResponseWriter, status int, typ, msg string) {
 	writeJSON(w, status, protocol.ErrorBody{Detail: protocol.ErrorDetail{Error: typ, Message: msg}})
 }
 
+// Pydantic's error types for a 422 item.
+const (
+	valueError     = "value_error"
+	extraForbidden = "extra_forbidden"
+)
+
 // writeValidation writes a 422 in the Pydantic array form (spec §2 form 2).
 func writeValidation(w http.ResponseWriter, field, msg string) {
+	writeValidationItem(w, field, msg, valueError)
+}
+
+func writeValidationItem(w http.ResponseWriter, field, msg, typ string) {
 	loc := []string{"body"}
 	if field != "" {
 		loc = append(loc, field)
 	}
-	writeJSON(w, http.StatusUnprocessableEntity, protocol.ValidationBody{Detail: []protocol.ValidationItem{{Loc: loc, Msg: msg, Type: "value_error"}}})
+	writeJSON(w, http.StatusUnprocessableEntity, protocol.ValidationBody{Detail: []protocol.ValidationItem{{Loc: loc, Msg: msg, Type: typ}}})
 }
 
 // writeError maps an internal error kind to its status and body. This is the
@@ -38,9 +48,12 @@ func writeValidation(w http.ResponseWriter, field, msg string) {
 func writeError(ctx context.Context, w http.ResponseWriter, err error) {
 	var fe *errdefs.FieldError
 	var be *sandbox.BootError
+	var ue *unknownFieldError
 	switch {
 	case errors.As(err, &fe):
 		writeValidation(w, fe.Field, fe.Msg)
+	case errors.As(err, &ue):
+		writeValidationItem(w, ue.path, "Extra inputs are not permitted: this server does not know the field", extraForbidden)
 	case errors.Is(err, sandbox.ErrInvalidRequest):
 		writeDetail(w, http.StatusBadRequest, "InvalidRequest", err.Error())
 	case errors.Is(err, errdefs.ErrInvalid):

@@ -2,11 +2,9 @@ package api
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 
-	"github.com/cubicle-dev/cubicle/internal/auth"
-	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/image"
 )
 
@@ -25,22 +23,12 @@ func imageInfos(imgs []*image.Image) []ImageInfo {
 	return out
 }
 
-// imageAdmin returns the caller's principal if it administers its
-// workspace: loading and removing images names them for the whole
-// workspace.
-func imageAdmin(r *http.Request, what string) (auth.Principal, error) {
-	p, _ := auth.FromContext(r.Context())
-	if !p.IsAdmin() {
-		return p, fmt.Errorf("%s images needs an admin key: %w", what, errdefs.ErrForbidden)
-	}
-	return p, nil
-}
-
 // loadImage stores a `docker save` tarball or OCI archive sent as the raw
 // request body in the caller's workspace (`cubicle image load`). Its names
-// are the workspace's own; other workspaces never resolve them.
+// are the workspace's own; other workspaces never resolve them. Naming
+// images for the whole workspace is for admins (authz.LoadImages).
 func (s *Server) loadImage(w http.ResponseWriter, r *http.Request) {
-	p, err := imageAdmin(r, "loading")
+	p, err := admin(r, authz.LoadImages)
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return
@@ -53,47 +41,59 @@ func (s *Server) loadImage(w http.ResponseWriter, r *http.Request) {
 	for _, img := range imgs {
 		img.Release()
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"images": imageInfos(imgs)})
+	writeJSON(w, http.StatusOK, imageList{Images: imageInfos(imgs)})
+}
+
+// imageList is the body of GET /images and POST /images/load.
+type imageList struct {
+	Images []ImageInfo `json:"images"`
+	// UsageBytes is what the workspace's images occupy, each layer once
+	// (GET only).
+	UsageBytes *int64 `json:"usage_bytes,omitempty"`
 }
 
 // listImages lists the images the caller's workspace may use, and what they
 // occupy (usage_bytes: each layer once, to be counted against its storage
 // quota).
-func (s *Server) listImages(w http.ResponseWriter, r *http.Request) {
-	p, _ := auth.FromContext(r.Context())
-	imgs, err := s.images.List(r.Context(), p.WorkspaceID)
+func (s *Server) listImages(r *http.Request, _ none) (imageList, error) {
+	ws := caller(r).WorkspaceID
+	imgs, err := s.images.List(r.Context(), ws)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return imageList{}, err
 	}
-	usage, err := s.images.Usage(r.Context(), p.WorkspaceID)
+	usage, err := s.images.Usage(r.Context(), ws)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return imageList{}, err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"images": imageInfos(imgs), "usage_bytes": usage})
+	return imageList{Images: imageInfos(imgs), UsageBytes: &usage}, nil
 }
 
-// removeImage is DELETE /images/{ref...} (`cubicle image rm`): it drops the
-// workspace's name (or, for a bare digest, every name of that image), then
-// collects the layers no image and no snapshot uses any more.
-func (s *Server) removeImage(w http.ResponseWriter, r *http.Request) {
-	p, err := imageAdmin(r, "removing")
+// imageRemoval is the answer of DELETE /images/{ref...}.
+type imageRemoval struct {
+	Removed     string `json:"removed"`
+	FreedImages int    `json:"freed_images"`
+	FreedLayers int    `json:"freed_layers"`
+	FreedBytes  int64  `json:"freed_bytes"`
+}
+
+// removeImage is DELETE /images/{ref...} (`cubicle image rm`, admins
+// only: authz.RemoveImages): it drops the workspace's name (or, for a bare
+// digest, every name of that image), then collects the layers no image and
+// no snapshot uses any more.
+func (s *Server) removeImage(r *http.Request, _ none) (imageRemoval, error) {
+	p, err := admin(r, authz.RemoveImages)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return imageRemoval{}, err
 	}
 	ref := r.PathValue("ref")
 	if err := s.images.Remove(r.Context(), p.WorkspaceID, ref); err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return imageRemoval{}, err
 	}
 	res, err := s.collectImages(r.Context())
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return imageRemoval{}, err
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"removed": ref, "freed_images": res.Images, "freed_layers": res.Layers, "freed_bytes": res.Bytes})
+	return imageRemoval{Removed: ref, FreedImages: res.Images, FreedLayers: res.Layers, FreedBytes: res.Bytes}, nil
 }
 
 // collectImages frees image records and layers that no workspace's name

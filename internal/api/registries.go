@@ -6,112 +6,103 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/registry"
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
-// registryAPI serves /registries (spec §3.4) from one registry.Service.
+// registryAPI serves /registries (spec §3.4) from one registry service.
 type registryAPI struct {
-	registries *registry.Service
+	registries Registries
 }
 
 // EnableRegistries serves the registries API from svc under every
 // control-plane prefix (the official client uses /api/v2/sandboxes). Call
-// it before serving; without it those paths answer 404.
+// it before serving; without it, or with a nil svc, those paths answer
+// 404.
 func (s *Server) EnableRegistries(svc *registry.Service) {
+	var r Registries // nil, not a nil *registry.Service, when absent
+	if svc != nil {
+		r = svc
+	}
+	s.enableRegistries(r)
+}
+
+func (s *Server) enableRegistries(svc Registries) {
 	ra := &registryAPI{registries: svc}
 	for _, p := range prefixes {
-		s.handle("POST "+p+"/registries", ra.createRegistry)
-		s.handle("GET "+p+"/registries", ra.listRegistries)
-		s.handle("GET "+p+"/registries/{name}", ra.getRegistry)
-		s.handle("PATCH "+p+"/registries/{name}", ra.updateRegistry)
-		s.handle("DELETE "+p+"/registries/{name}", ra.deleteRegistry)
+		s.handle("POST "+p+"/registries", jsonHandler(http.StatusCreated, nil, ra.createRegistry))
+		s.handle("GET "+p+"/registries", jsonHandler(http.StatusOK, nil, ra.listRegistries))
+		s.handle("GET "+p+"/registries/{name}", jsonHandler(http.StatusOK, nil, ra.getRegistry))
+		s.handle("PATCH "+p+"/registries/{name}", jsonHandler(http.StatusOK, nil, ra.updateRegistry))
+		s.handle("DELETE "+p+"/registries/{name}", jsonHandler(http.StatusOK, nil, ra.deleteRegistry))
 	}
 }
 
-// registriesOn reports whether a registry service is configured, answering
-// 404 itself when it is not.
-func (s *registryAPI) registriesOn(w http.ResponseWriter, r *http.Request) bool {
+// service returns the registry service, or ErrNotFound when none is
+// configured.
+func (s *registryAPI) service() (Registries, error) {
 	if s.registries == nil {
-		writeError(r.Context(), w, fmt.Errorf("registries are not configured on this server: %w", errdefs.ErrNotFound))
-		return false
+		return nil, fmt.Errorf("registries are not configured on this server: %w", errdefs.ErrNotFound)
 	}
-	return true
+	return s.registries, nil
 }
 
-func (s *registryAPI) createRegistry(w http.ResponseWriter, r *http.Request) {
-	if !s.registriesOn(w, r) {
-		return
-	}
-	var req protocol.CreateRegistryRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	reg, err := s.registries.Create(r.Context(), req)
+// registryResult encodes what a call on one registry returned.
+func registryResult(reg *store.Registry, err error) (protocol.Registry, error) {
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.Registry{}, err
 	}
-	writeJSON(w, http.StatusCreated, registry.JSON(reg))
+	return registry.JSON(reg), nil
 }
 
-func (s *registryAPI) listRegistries(w http.ResponseWriter, r *http.Request) {
-	if !s.registriesOn(w, r) {
-		return
+func (s *registryAPI) createRegistry(r *http.Request, req protocol.CreateRegistryRequest) (protocol.Registry, error) {
+	svc, err := s.service()
+	if err != nil {
+		return protocol.Registry{}, err
+	}
+	return registryResult(svc.Create(r.Context(), req))
+}
+
+func (s *registryAPI) listRegistries(r *http.Request, _ none) (protocol.RegistryList, error) {
+	svc, err := s.service()
+	if err != nil {
+		return protocol.RegistryList{}, err
 	}
 	o, err := listOptions(r)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.RegistryList{}, err
 	}
-	list, err := s.registries.List(r.Context(), o)
+	list, err := svc.List(r.Context(), o)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.RegistryList{}, err
 	}
 	out := make([]protocol.Registry, len(list))
 	for i, reg := range list {
 		out[i] = registry.JSON(reg)
 	}
-	writeJSON(w, http.StatusOK, protocol.RegistryList{Registries: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))})
+	return protocol.RegistryList{Registries: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))}, nil
 }
 
-func (s *registryAPI) getRegistry(w http.ResponseWriter, r *http.Request) {
-	if !s.registriesOn(w, r) {
-		return
-	}
-	reg, err := s.registries.Get(r.Context(), r.PathValue("name"))
+func (s *registryAPI) getRegistry(r *http.Request, _ none) (protocol.Registry, error) {
+	svc, err := s.service()
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.Registry{}, err
 	}
-	writeJSON(w, http.StatusOK, registry.JSON(reg))
+	return registryResult(svc.Get(r.Context(), r.PathValue("name")))
 }
 
-func (s *registryAPI) updateRegistry(w http.ResponseWriter, r *http.Request) {
-	if !s.registriesOn(w, r) {
-		return
-	}
-	var req protocol.UpdateRegistryRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	reg, err := s.registries.Update(r.Context(), r.PathValue("name"), req)
+func (s *registryAPI) updateRegistry(r *http.Request, req protocol.UpdateRegistryRequest) (protocol.Registry, error) {
+	svc, err := s.service()
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.Registry{}, err
 	}
-	writeJSON(w, http.StatusOK, registry.JSON(reg))
+	return registryResult(svc.Update(r.Context(), r.PathValue("name"), req))
 }
 
-func (s *registryAPI) deleteRegistry(w http.ResponseWriter, r *http.Request) {
-	if !s.registriesOn(w, r) {
-		return
+func (s *registryAPI) deleteRegistry(r *http.Request, _ none) (noContent, error) {
+	svc, err := s.service()
+	if err != nil {
+		return noContent{}, err
 	}
-	if err := s.registries.Delete(r.Context(), r.PathValue("name")); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
+	return noContent{}, svc.Delete(r.Context(), r.PathValue("name"))
 }

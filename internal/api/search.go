@@ -13,12 +13,8 @@ import (
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
-// registerProtocolRoutes adds PATCH /boxes/{name} and the dataplane's
-// glob and grep (spec B4, D7, D8).
+// registerProtocolRoutes adds the dataplane's glob and grep (spec D7, D8).
 func (s *Server) registerProtocolRoutes() {
-	for _, p := range prefixes {
-		s.handle("PATCH "+p+"/boxes/{name}", s.updateSandbox)
-	}
 	s.handle("POST /dp/{id}/glob", s.glob)
 	s.handle("POST /dp/{id}/grep", s.grep)
 }

@@ -2,9 +2,11 @@
 // control plane (snapshots, boxes) under /v2/sandboxes and /api/v2/sandboxes,
 // and each sandbox's dataplane (exec, files) under /dp/{id}.
 //
-// Handlers decode and validate input, call the sandbox manager, and encode
-// results with the shared wire types in sdk/go/protocol. Errors become HTTP
-// only here (errors.go).
+// JSON handlers have one shape (jsonHandler): decode strictly (an unknown
+// member is a 422 naming it), validate, call the service through the
+// narrow interfaces of services.go, and encode with the shared wire types
+// in sdk/go/protocol. Who may do what is internal/authz's. Errors become
+// HTTP only here (errors.go).
 package api
 
 import (
@@ -15,8 +17,6 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
-	"github.com/cubicle-dev/cubicle/internal/image"
-	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
 // prefixes are the control-plane mount points (spec §1.2 and §11.1).
@@ -24,15 +24,15 @@ var prefixes = []string{"/v2/sandboxes", "/api/v2/sandboxes", "/api/v1/v2/sandbo
 
 // Server is the HTTP API.
 type Server struct {
-	mgr       *sandbox.Manager
-	auth      *auth.Authenticator
-	images    *image.Store
+	mgr       Sandboxes
+	auth      Authenticator
+	images    Images
 	publicURL string
 	log       *slog.Logger
 	mux       *http.ServeMux
 	// gw serves sandbox services and download links; nil without
 	// WithGateway, and then their routes do not exist.
-	gw *gateway.Gateway
+	gw Gateway
 	// execOutputLimit is the bytes of each stream POST /execute keeps.
 	execOutputLimit int
 }
@@ -42,7 +42,14 @@ type Option func(*Server)
 
 // WithGateway enables service URLs (spec §9) and download links (spec X2),
 // served and minted by gw (built with WriteError as its error writer).
-func WithGateway(gw *gateway.Gateway) Option { return func(s *Server) { s.gw = gw } }
+// A nil gw leaves them off.
+func WithGateway(gw *gateway.Gateway) Option {
+	return func(s *Server) {
+		if gw != nil {
+			s.gw = gw
+		}
+	}
+}
 
 // WithExecOutputLimit sets how many bytes of each output stream POST
 // /execute keeps (default DefaultExecOutputLimit; n ≤ 0 keeps the default).
@@ -56,30 +63,31 @@ func WithExecOutputLimit(n int) Option {
 
 // New returns a Server. publicURL is the externally reachable base URL from
 // which dataplane URLs are derived (no trailing slash).
-func New(mgr *sandbox.Manager, a *auth.Authenticator, images *image.Store, publicURL string, log *slog.Logger, opts ...Option) *Server {
+func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *slog.Logger, opts ...Option) *Server {
 	s := &Server{mgr: mgr, auth: a, images: images, publicURL: strings.TrimRight(publicURL, "/"), log: log, mux: http.NewServeMux(),
 		execOutputLimit: DefaultExecOutputLimit}
 	for _, opt := range opts {
 		opt(s)
 	}
 	for _, p := range prefixes {
-		s.handle("POST "+p+"/snapshots", s.createSnapshot)
-		s.handle("GET "+p+"/snapshots", s.listSnapshots)
-		s.handle("GET "+p+"/snapshots/{id}", s.getSnapshot)
-		s.handle("DELETE "+p+"/snapshots/{id}", s.deleteSnapshot)
-		s.handle("POST "+p+"/boxes", s.createSandbox)
-		s.handle("GET "+p+"/boxes", s.listSandboxes)
-		s.handle("GET "+p+"/boxes/{name}", s.getSandbox)
-		s.handle("DELETE "+p+"/boxes/{name}", s.deleteSandbox)
-		s.handle("GET "+p+"/boxes/{name}/status", s.sandboxStatus)
-		s.handle("POST "+p+"/boxes/{name}/stop", s.stopSandbox)
-		s.handle("POST "+p+"/boxes/{name}/start", s.startSandbox)
+		s.handle("POST "+p+"/snapshots", jsonHandler(http.StatusCreated, nil, s.createSnapshot))
+		s.handle("GET "+p+"/snapshots", jsonHandler(http.StatusOK, nil, s.listSnapshots))
+		s.handle("GET "+p+"/snapshots/{id}", jsonHandler(http.StatusOK, nil, s.getSnapshot))
+		s.handle("DELETE "+p+"/snapshots/{id}", jsonHandler(http.StatusOK, nil, s.deleteSnapshot))
+		s.handle("POST "+p+"/boxes", jsonHandler(http.StatusCreated, checkCreateSandbox, s.createSandbox))
+		s.handle("GET "+p+"/boxes", jsonHandler(http.StatusOK, nil, s.listSandboxes))
+		s.handle("GET "+p+"/boxes/{name}", jsonHandler(http.StatusOK, nil, s.getSandbox))
+		s.handle("PATCH "+p+"/boxes/{name}", jsonHandler(http.StatusOK, nil, s.updateSandbox))
+		s.handle("DELETE "+p+"/boxes/{name}", jsonHandler(http.StatusOK, nil, s.deleteSandbox))
+		s.handle("GET "+p+"/boxes/{name}/status", jsonHandler(http.StatusOK, nil, s.sandboxStatus))
+		s.handle("POST "+p+"/boxes/{name}/stop", jsonHandler(http.StatusOK, nil, s.stopSandbox))
+		s.handle("POST "+p+"/boxes/{name}/start", jsonHandler(http.StatusOK, nil, s.startSandbox))
 		s.handle("POST "+p+"/images/load", s.loadImage)
-		s.handle("GET "+p+"/images", s.listImages)
-		s.handle("DELETE "+p+"/images/{ref...}", s.removeImage)
+		s.handle("GET "+p+"/images", jsonHandler(http.StatusOK, nil, s.listImages))
+		s.handle("DELETE "+p+"/images/{ref...}", jsonHandler(http.StatusOK, nil, s.removeImage))
 		if s.gw != nil {
-			s.handle("POST "+p+"/boxes/{name}/service-url", s.serviceURL)
-			s.handle("POST "+p+"/boxes/{name}/download-url", s.downloadURL)
+			s.handle("POST "+p+"/boxes/{name}/service-url", jsonHandler(http.StatusOK, nil, s.serviceURL))
+			s.handle("POST "+p+"/boxes/{name}/download-url", jsonHandler(http.StatusOK, nil, s.downloadURL))
 		}
 	}
 	if s.gw != nil {

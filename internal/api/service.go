@@ -26,34 +26,25 @@ func WriteError(ctx context.Context, w http.ResponseWriter, err error) { writeEr
 // token mode ({port, expires_in_seconds?}) mints a signed token; login mode
 // ({port, access}) grants API-key holders of the workspace access through a
 // browser login. A token-mode request on a port with a login grant is 409.
-func (s *Server) serviceURL(w http.ResponseWriter, r *http.Request) {
-	var req protocol.ServiceURLRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
+func (s *Server) serviceURL(r *http.Request, req protocol.ServiceURLRequest) (protocol.ServiceURLResponse, error) {
 	ttl, err := validateServiceURL(req)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.ServiceURLResponse{}, err
 	}
 	sb, err := s.mgr.GetSandbox(r.Context(), r.PathValue("name"))
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.ServiceURLResponse{}, err
 	}
 	if req.Access != "" {
 		l := s.gw.GrantLogin(r.Context(), sb, req.Port, req.Access)
-		writeJSON(w, http.StatusOK, protocol.ServiceURLResponse{ServiceURL: l.ServiceURL, BrowserURL: l.BrowserURL, Access: l.Access})
-		return
+		return protocol.ServiceURLResponse{ServiceURL: l.ServiceURL, BrowserURL: l.BrowserURL, Access: l.Access}, nil
 	}
 	l, err := s.gw.IssueService(r.Context(), sb, req.Port, ttl)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.ServiceURLResponse{}, err
 	}
-	writeJSON(w, http.StatusOK, protocol.ServiceURLResponse{ServiceURL: l.ServiceURL, BrowserURL: l.BrowserURL,
-		Token: l.Token, ExpiresAt: l.ExpiresAt.Format(time.RFC3339)})
+	return protocol.ServiceURLResponse{ServiceURL: l.ServiceURL, BrowserURL: l.BrowserURL,
+		Token: l.Token, ExpiresAt: l.ExpiresAt.Format(time.RFC3339)}, nil
 }
 
 // validateServiceURL checks a service-url request and returns the token

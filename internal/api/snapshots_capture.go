@@ -13,80 +13,56 @@ import (
 // branching extensions: fork, reset and diff.
 func (s *Server) registerBranchingRoutes() {
 	for _, p := range prefixes {
-		s.handle("POST "+p+"/boxes/{name}/snapshot", s.captureSnapshot)
-		s.handle("POST "+p+"/boxes/{name}/fork", s.forkSandbox)
-		s.handle("POST "+p+"/boxes/{name}/reset", s.resetSandbox)
-		s.handle("GET "+p+"/diff", s.diff)
+		s.handle("POST "+p+"/boxes/{name}/snapshot", jsonHandler(http.StatusCreated, nil, s.captureSnapshot))
+		s.handle("POST "+p+"/boxes/{name}/fork", jsonHandler(http.StatusCreated, nil, s.forkSandbox))
+		s.handle("POST "+p+"/boxes/{name}/reset", jsonHandler(http.StatusOK, nil, s.resetSandbox))
+		s.handle("GET "+p+"/diff", jsonHandler(http.StatusOK, nil, s.diff))
 	}
 }
 
 // captureSnapshot is X1. The capture is quick (a frozen copy-on-write
 // snapshot), so the snapshot comes back ready; the client's poll of
 // GET /snapshots/{id} then succeeds at once.
-func (s *Server) captureSnapshot(w http.ResponseWriter, r *http.Request) {
-	var req protocol.CaptureSnapshotRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
+func (s *Server) captureSnapshot(r *http.Request, req protocol.CaptureSnapshotRequest) (protocol.Snapshot, error) {
 	v, err := s.mgr.CaptureSnapshot(r.Context(), r.PathValue("name"), req)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.Snapshot{}, err
 	}
-	writeJSON(w, http.StatusCreated, s.snapshotJSON(v))
+	return s.snapshotJSON(v), nil
 }
 
-func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) {
-	var req protocol.ForkRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
+func (s *Server) forkSandbox(r *http.Request, req protocol.ForkRequest) (protocol.ForkResponse, error) {
 	res, err := s.mgr.Fork(r.Context(), r.PathValue("name"), req)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.ForkResponse{}, err
 	}
 	out := protocol.ForkResponse{SnapshotID: res.Snapshot.ID, Sandboxes: make([]protocol.Sandbox, len(res.Sandboxes))}
 	for i, sb := range res.Sandboxes {
 		out.Sandboxes[i] = s.sandboxJSON(sb)
 	}
-	writeJSON(w, http.StatusCreated, out)
+	return out, nil
 }
 
-func (s *Server) resetSandbox(w http.ResponseWriter, r *http.Request) {
-	var req protocol.ResetRequest
-	if err := decode(r, &req); err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	sb, err := s.mgr.ResetSandbox(r.Context(), r.PathValue("name"), req.SnapshotID)
-	if err != nil {
-		writeError(r.Context(), w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, s.sandboxJSON(sb))
+func (s *Server) resetSandbox(r *http.Request, req protocol.ResetRequest) (protocol.Sandbox, error) {
+	return s.sandboxResult(s.mgr.ResetSandbox(r.Context(), r.PathValue("name"), req.SnapshotID))
 }
 
 // diff is GET /diff?a=&b=: what changed going from a to b, each a sandbox
 // name or a snapshot id or name.
-func (s *Server) diff(w http.ResponseWriter, r *http.Request) {
+func (s *Server) diff(r *http.Request, _ none) (protocol.DiffResponse, error) {
 	a, b := r.URL.Query().Get("a"), r.URL.Query().Get("b")
 	if a == "" || b == "" {
-		writeError(r.Context(), w, errdefs.Field("a", "both a and b (sandbox names or snapshot ids) are required"))
-		return
+		return protocol.DiffResponse{}, errdefs.Field("a", "both a and b (sandbox names or snapshot ids) are required")
 	}
 	changes, err := s.mgr.Diff(r.Context(), a, b)
 	if err != nil {
-		writeError(r.Context(), w, err)
-		return
+		return protocol.DiffResponse{}, err
 	}
 	out := protocol.DiffResponse{A: a, B: b, Changes: make([]protocol.DiffEntry, len(changes))}
 	for i, c := range changes {
 		out.Changes[i] = protocol.DiffEntry{Path: c.Path, Kind: c.Kind, SizeBytes: c.Size}
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
 // withUsage fills fs_used_bytes of one sandbox or snapshot response. Usage

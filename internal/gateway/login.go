@@ -7,10 +7,8 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
-	"github.com/cubicle-dev/cubicle/internal/store"
-	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // maxLoginForm bounds the login form body.
@@ -72,7 +70,7 @@ func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
 		g.cfg.WriteError(ctx, w, fmt.Errorf("port %d of sandbox %s has no login access; ask for a service URL with access set: %w", port, sb.Name, errdefs.ErrForbidden))
 		return
 	}
-	if !admits(access, p, sb) {
+	if !authz.AdmitsLogin(access, p, authz.Sandbox(sb)) {
 		g.cfg.WriteError(ctx, w, fmt.Errorf("port %d of sandbox %s is restricted to its creator and workspace admins: %w", port, sb.Name, errdefs.ErrForbidden))
 		return
 	}
@@ -84,21 +82,6 @@ func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
 	}
 	g.cfg.Logger.InfoContext(ctx, "service login", "sandbox", sb.ID, "port", port, "user", p.User, "access", access)
 	http.Redirect(w, r, g.serviceBase(sb, port)+"/?token="+url.QueryEscape(tok), http.StatusSeeOther)
-}
-
-// admits reports whether principal p may use a port of sb granted access.
-func admits(access string, p auth.Principal, sb *store.Sandbox) bool {
-	if p.WorkspaceID != sb.WorkspaceID {
-		return false
-	}
-	switch access {
-	case protocol.AccessWorkspace:
-		return true
-	case protocol.AccessRestricted:
-		return p.IsAdmin() || p.User == sb.CreatedBy
-	default:
-		return false
-	}
 }
 
 var loginPage = template.Must(template.New("login").Parse(`<!doctype html>

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
@@ -139,7 +140,7 @@ func (v *Vault) List(ctx context.Context, p auth.Principal) []SecretInfo {
 	defer v.mu.Unlock()
 	out := make([]SecretInfo, 0, len(v.data[p.WorkspaceID]))
 	for n, s := range v.data[p.WorkspaceID] {
-		if p.IsAdmin() || s.MembersMayUse {
+		if authz.MayUseSecret(p, s.MembersMayUse) {
 			out = append(out, s.info(n))
 		}
 	}
@@ -160,13 +161,10 @@ func (v *Vault) List(ctx context.Context, p auth.Principal) []SecretInfo {
 // per request), members only a set secret whose members_may_use is on.
 // The refusal reads the same whether or not the secret exists.
 func (v *Vault) MayUse(ctx context.Context, p auth.Principal, name string) error {
-	if p.IsAdmin() {
-		return nil
-	}
 	v.mu.Lock()
 	s, ok := v.data[p.WorkspaceID][name]
 	v.mu.Unlock()
-	if !ok || !s.MembersMayUse {
+	if !authz.MayUseSecret(p, ok && s.MembersMayUse) {
 		return fmt.Errorf("workspace secret %s is not shared with members (an admin can PUT it with \"members_may_use\": true): %w", name, errdefs.ErrForbidden)
 	}
 	return nil

@@ -114,6 +114,33 @@ func TestBadInput(t *testing.T) {
 		st, body = call(t, d, "GET", "/v2/sandboxes/boxes?limit=501", nil)
 		pydantic(t, st, body, "limit")
 	})
+	// A misspelt member used to be dropped: {"access_control":{"allowlist"}}
+	// booted a sandbox with open egress. Every unknown member, at any depth,
+	// is now a 422 naming it, and nothing is created.
+	t.Run("unknown fields", func(t *testing.T) {
+		for _, c := range []struct {
+			body map[string]any
+			loc  string
+		}{
+			{map[string]any{"snapshot_id": sn.ID, "name": "typo-acl", "proxy_config": map[string]any{"access_control": map[string]any{"allowlist": []string{"pypi.org"}}}},
+				"proxy_config.access_control.allowlist"},
+			{map[string]any{"snapshot_id": sn.ID, "name": "typo-top", "idle_ttl": 60}, "idle_ttl"},
+			{map[string]any{"snapshot_id": sn.ID, "name": "typo-rc", "run_config": map[string]any{"workdir": "/"}}, "run_config.workdir"},
+		} {
+			st, body := call(t, d, "POST", "/v2/sandboxes/boxes", c.body)
+			var it map[string]any
+			if items, _ := body["detail"].([]any); len(items) > 0 {
+				it, _ = items[0].(map[string]any)
+			}
+			loc, _ := it["loc"].([]any)
+			if st != 422 || len(loc) == 0 || loc[len(loc)-1] != c.loc || it["type"] != "extra_forbidden" {
+				t.Fatalf("%v: %d %v, want 422 extra_forbidden at %s", c.body, st, body, c.loc)
+			}
+			if st, _ := call(t, d, "GET", "/v2/sandboxes/boxes/"+c.body["name"].(string), nil); st != 404 {
+				t.Fatalf("%s exists after a refused create (%d)", c.body["name"], st)
+			}
+		}
+	})
 	t.Run("missing image fails the snapshot", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()

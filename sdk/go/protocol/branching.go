@@ -14,6 +14,9 @@ type CaptureSnapshotRequest struct {
 	// instead of booting. gvisor runtime only; others answer 422.
 	IncludeMemory bool `json:"include_memory,omitempty"`
 	Checkpoint    bool `json:"checkpoint,omitempty"`
+	// Tag is sent by the Python client; accepted and ignored, as on
+	// CreateSnapshotRequest.
+	Tag string `json:"tag,omitempty"`
 }
 
 // ForkRequest is the body of POST /boxes/{name}/fork (a Cubicle

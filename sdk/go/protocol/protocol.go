@@ -113,15 +113,22 @@ type CreateSnapshotRequest struct {
 	FSCapacityBytes int64      `json:"fs_capacity_bytes"`
 	RegistryID      string     `json:"registry_id,omitempty"`
 	RunConfig       *RunConfig `json:"run_config,omitempty"`
+	// Tag is sent by the Python client; Cubicle snapshots have no tags
+	// (a name is unique in its workspace), so it is accepted and ignored.
+	Tag string `json:"tag,omitempty"`
 }
 
 // CreateSandboxRequest is the body of POST /boxes (spec B1). Pointers mark
 // fields whose absence differs from their zero value.
 type CreateSandboxRequest struct {
-	WaitForReady           *bool      `json:"wait_for_ready,omitempty"`
-	Timeout                *int64     `json:"timeout,omitempty"`
-	SnapshotID             string     `json:"snapshot_id,omitempty"`
-	SnapshotName           string     `json:"snapshot_name,omitempty"`
+	WaitForReady *bool  `json:"wait_for_ready,omitempty"`
+	Timeout      *int64 `json:"timeout,omitempty"`
+	SnapshotID   string `json:"snapshot_id,omitempty"`
+	SnapshotName string `json:"snapshot_name,omitempty"`
+	// Snapshot is the Python client's newer form of either: an id, a
+	// name or a Docker-style name:tag (Cubicle has no tags; ":latest" is
+	// the bare name).
+	Snapshot               string     `json:"snapshot,omitempty"`
 	Name                   string     `json:"name,omitempty"`
 	IdleTTLSeconds         *int64     `json:"idle_ttl_seconds,omitempty"`
 	DeleteAfterStopSeconds *int64     `json:"delete_after_stop_seconds,omitempty"`
@@ -130,8 +137,15 @@ type CreateSandboxRequest struct {
 	FSCapacityBytes        *int64     `json:"fs_capacity_bytes,omitempty"`
 	RunConfig              *RunConfig `json:"run_config,omitempty"`
 	// ProxyConfig is kept as raw JSON (spec §4.4): egress access control
-	// and header injection, enforced by the daemon's egress proxy.
+	// and header injection, enforced by the daemon's egress proxy. Its
+	// shape is ProxyConfig.
 	ProxyConfig json.RawMessage `json:"proxy_config,omitempty"`
+	// MountConfig (spec §4.5) is sent by the clients; Cubicle has no
+	// bucket or git mounts, so a request with one is refused (422).
+	MountConfig json.RawMessage `json:"mount_config,omitempty"`
+	// AccessDelegation is accepted and checked but grants nothing yet:
+	// Cubicle gives code in a sandbox no control-plane credential.
+	AccessDelegation *AccessDelegation `json:"access_delegation,omitempty"`
 }
 
 // UpdateSandboxRequest is the body of PATCH /boxes/{name} (spec B4). Every
@@ -142,8 +156,9 @@ type UpdateSandboxRequest struct {
 	IdleTTLSeconds         *int64     `json:"idle_ttl_seconds,omitempty"`
 	DeleteAfterStopSeconds *int64     `json:"delete_after_stop_seconds,omitempty"`
 	RunConfig              *RunConfig `json:"run_config,omitempty"`
-	// ProxyConfig is kept as raw JSON (spec §4.4); it replaces the stored
-	// one and may only be changed while the sandbox is ready.
+	// ProxyConfig is kept as raw JSON (spec §4.4, shape ProxyConfig); it
+	// replaces the stored one and may only be changed while the sandbox is
+	// ready.
 	ProxyConfig json.RawMessage `json:"proxy_config,omitempty"`
 }
 
