@@ -141,3 +141,22 @@ func TestAdmitsLogin(t *testing.T) {
 		}
 	}
 }
+
+// TestCreatorFilter: the list filter agrees with CanSee — an admin lists
+// every creator's resources, a member (or an unknown role) only its own.
+func TestCreatorFilter(t *testing.T) {
+	for _, c := range []struct {
+		p    auth.Principal
+		want string
+	}{{admin, ""}, {member, member.User}, {other, other.User}, {oddRole, oddRole.User}} {
+		if got := CreatorFilter(c.p); got != c.want {
+			t.Errorf("CreatorFilter(%+v) = %q, want %q", c.p, got, c.want)
+		}
+		for _, creator := range []string{"bob", "ann", c.p.User} {
+			listed := c.want == "" || c.want == creator
+			if seen := CanSee(c.p, Owned{Workspace: c.p.WorkspaceID, CreatedBy: creator}); seen != listed {
+				t.Errorf("%+v: creator %q listed %v but CanSee %v", c.p, creator, listed, seen)
+			}
+		}
+	}
+}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
-	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -108,7 +108,7 @@ func (m *Manager) visible(ctx context.Context, name string) (*store.Sandbox, err
 	if err != nil {
 		return nil, err
 	}
-	if !canSee(p, sb) {
+	if !authz.CanSee(p, authz.Sandbox(sb)) {
 		return nil, fmt.Errorf("sandbox %s: %w", name, errdefs.ErrNotFound)
 	}
 	m.touch(sb.ID)
@@ -138,21 +138,6 @@ func (m *Manager) lockID(ctx context.Context, id string) (sb *store.Sandbox, unl
 	return sb, unlock, nil
 }
 
-// canSee is the manager's visibility rule, used by every lookup: a
-// sandbox's creator and its workspace's admins may see it. creatorFilter
-// is the same rule as a store filter, so list pages are full.
-func canSee(p auth.Principal, sb *store.Sandbox) bool {
-	return p.IsAdmin() || sb.CreatedBy == p.User
-}
-
-// creatorFilter is canSee as a store.ListOptions.CreatedBy value.
-func creatorFilter(p auth.Principal) string {
-	if p.IsAdmin() {
-		return ""
-	}
-	return p.User
-}
-
 // GetSandbox returns a sandbox by name (or id). Like every call naming a
 // sandbox, it counts as activity.
 func (m *Manager) GetSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
@@ -165,7 +150,7 @@ func (m *Manager) ListSandboxes(ctx context.Context, o store.ListOptions) ([]*st
 	if err != nil {
 		return nil, err
 	}
-	o.CreatedBy = creatorFilter(p)
+	o.CreatedBy = authz.CreatorFilter(p)
 	return m.cfg.Store.ListSandboxes(ctx, p.WorkspaceID, o)
 }
 
@@ -328,7 +313,7 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 	if err != nil {
 		return nil, err
 	}
-	if sb.WorkspaceID != p.WorkspaceID || !canSee(p, sb) {
+	if !authz.CanSee(p, authz.Sandbox(sb)) {
 		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	// Mark the sandbox busy before looking up its instance, so the idle
