@@ -28,11 +28,11 @@ const MemLimitEnv = "CUBICLE_MEM_LIMIT_BYTES"
 // the threshold: an idle sandbox pays about 0.5 % of a core. A fast
 // allocator may get one slow interval ahead of the guard (about 200 MiB at
 // 2 GiB/s); the gvisor driver's host cgroup headroom absorbs that. A command
-// the agent starts makes the guard poll fast, and check the processes' RSS
-// rather than wait for meminfo, for guardWakeFast: a short hog (`dd bs=256M
-// count=1` commits, copies and frees its buffer within about 100 ms) would
-// otherwise often live and die between two slow polls, or before meminfo
-// shows it.
+// the agent starts makes the guard poll the processes' RSS fast, without
+// meminfo, for guardWakeFast (a poll reads two files per process: under
+// 5 ms for a few): a short hog (`dd bs=256M count=1` commits, copies and
+// frees its buffer within about 100 ms) would otherwise often live and die
+// between two slow polls, or before meminfo shows it.
 const (
 	guardFastInterval = 10 * time.Millisecond
 	guardSlowInterval = 100 * time.Millisecond
@@ -185,6 +185,7 @@ func (g *memGuard) run(ctx context.Context) {
 	t := time.NewTimer(g.slow)
 	defer t.Stop()
 	prev := int64(-1) // no reading yet: the first is not a jump
+	var tmpfs int64
 	var failing bool
 	var fastUntil time.Time
 	for {
@@ -195,27 +196,42 @@ func (g *memGuard) run(ctx context.Context) {
 			fastUntil = time.Now().Add(guardWakeFast)
 		case <-t.C:
 		}
-		fresh := time.Now().Before(fastUntil)
+		if time.Now().Before(fastUntil) {
+			// A command started lately: poll its RSS alone. While a
+			// process commits memory in one system call, gVisor's
+			// meminfo lags its RSS by 100 ms and more (seen: 24 MiB
+			// while dd's RSS was 261 MiB) and reading meminfo can block
+			// until the call ends (seen: 250-450 ms), after which the
+			// hog frees everything within milliseconds: the kill must
+			// land while the call runs. tmpfs is as of the last
+			// meminfo.
+			if rss := g.rssTotal(); rss+tmpfs >= g.threshold {
+				g.act(ctx, rss+tmpfs)
+			}
+			g.mu.Lock()
+			g.stats.Polls++
+			g.mu.Unlock()
+			t.Reset(g.fast)
+			continue
+		}
 		next := g.slow
-		u, tmpfs, err := g.usage()
+		u, shm, err := g.usage()
+		if err == nil {
+			tmpfs = shm
+		}
 		switch {
 		case err != nil:
 			if !failing {
 				g.log.Warn("memguard: read usage", "err", err)
 			}
-		case u >= g.threshold || prev >= 0 && u-prev > g.limit/guardJumpDivisor || fresh:
+		case u >= g.threshold || prev >= 0 && u-prev > g.limit/guardJumpDivisor:
 			// Confirm with the processes' RSS plus tmpfs, which unlike
 			// meminfo drops the moment a victim exits: a high meminfo
 			// with small processes and little in tmpfs is memory on its
 			// way back. tmpfs counts because no kill frees it, so the
 			// processes must fit in what it leaves (the drivers size
 			// tmpfs mounts to a fraction of the limit for that).
-			// RSS is also checked after a jump and while a command is
-			// fresh, whatever meminfo says: meminfo lags the RSS of a
-			// process committing memory in one system call by 100 ms
-			// and more (seen: 24 MiB while dd's RSS was 261 MiB), and
-			// the kill must land while that call runs, or the hog
-			// finishes and frees its memory first.
+			// A jump is checked too: meminfo lags (see above).
 			if rss := g.rssTotal(); rss+tmpfs >= g.threshold {
 				g.act(ctx, max(u, rss+tmpfs))
 			}
