@@ -133,6 +133,27 @@ func TestExecKillProcessGroup(t *testing.T) {
 	waitGone(t, pid)
 }
 
+// TestExecSIGKILLedCommandTakesItsGroup: a command whose shell dies of
+// SIGKILL (here its own kill, as `kill -9 0` in a fork bomb) takes the rest
+// of its process group with it before its exit is reported, so a bomb that
+// gVisor's group kill left running cannot hold the task bound.
+func TestExecSIGKILLedCommandTakesItsGroup(t *testing.T) {
+	c, _, _ := startAgent(t)
+	marker := filepath.Join(t.TempDir(), "child.pid")
+	_, _, code, err := run(t, c, protocol.ExecFrame{Command: "sleep 100 & echo $! > " + marker + "; kill -9 $$"})
+	if err != nil || code != 137 {
+		t.Fatalf("exit %d, %v; want 137", code, err)
+	}
+	b, err := os.ReadFile(marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strings.TrimSpace(string(b))
+	if st, err := os.ReadFile("/proc/" + pid + "/stat"); err == nil && !strings.Contains(string(st), ") Z ") {
+		t.Fatalf("process %s of the killed command's group is still running: %s", pid, st)
+	}
+}
+
 // waitGone waits until pid is gone or a zombie (its parent, the killed
 // shell, may not have been reaped by the test process).
 func waitGone(t *testing.T, pid string) {

@@ -27,7 +27,12 @@ const MemLimitEnv = "CUBICLE_MEM_LIMIT_BYTES"
 // little), so the guard polls slowly while usage is low and fast only near
 // the threshold: an idle sandbox pays about 0.5 % of a core. A fast
 // allocator may get one slow interval ahead of the guard (about 200 MiB at
-// 2 GiB/s); the gvisor driver's host cgroup headroom absorbs that.
+// 2 GiB/s); the gvisor driver's host cgroup headroom absorbs that. A command
+// the agent starts makes the guard poll the processes' RSS fast, without
+// meminfo, for guardWakeFast (a poll reads two files per process: under
+// 5 ms for a few): a short hog (`dd bs=256M count=1` commits, copies and
+// frees its buffer within about 100 ms) would otherwise often live and die
+// between two slow polls, or before meminfo shows it.
 const (
 	guardFastInterval = 10 * time.Millisecond
 	guardSlowInterval = 100 * time.Millisecond
@@ -39,6 +44,9 @@ const (
 	// guardExitWait bounds how long the guard waits for a victim to release
 	// its memory before it may pick another one.
 	guardExitWait = time.Second
+	// guardWakeFast is how long the guard polls fast after the agent
+	// started a command (see memGuard.wake).
+	guardWakeFast = time.Second
 )
 
 // GuardThreshold is the usage at which the guard kills, for a limit: the
@@ -98,6 +106,8 @@ type memGuard struct {
 	// signal is sent and must not block for long.
 	onKill func(k *MemGuardKill, sid, pgid int)
 	log    *slog.Logger
+	// woken carries wake's nudges to run (capacity 1: nudges coalesce).
+	woken chan struct{}
 
 	mu    sync.Mutex
 	stats MemGuardStats
@@ -116,6 +126,7 @@ func newMemGuard(limit int64, log *slog.Logger) (*memGuard, func()) {
 		self:      os.Getpid(),
 		kill:      func(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) },
 		log:       log,
+		woken:     make(chan struct{}, 1),
 	}
 	g.pids = func() ([]int, error) { return listPIDs(g.procDir) }
 	if limit <= 0 {
@@ -155,42 +166,77 @@ func (g *memGuard) Stats() MemGuardStats {
 	return s
 }
 
+// wake tells the guard that a command has just started: it polls at once
+// and then fast for guardWakeFast. It never blocks.
+func (g *memGuard) wake() {
+	select {
+	case g.woken <- struct{}{}:
+	default:
+	}
+}
+
 // run polls until ctx ends: fast when usage is near the threshold or rising
-// quickly, slow otherwise, so an idle sandbox costs little. A no-op when the
-// guard is disabled.
+// quickly or a command started recently (wake), slow otherwise, so an idle
+// sandbox costs little. A no-op when the guard is disabled.
 func (g *memGuard) run(ctx context.Context) {
 	if g.usage == nil {
 		return
 	}
 	t := time.NewTimer(g.slow)
 	defer t.Stop()
-	var prev int64
+	prev := int64(-1) // no reading yet: the first is not a jump
+	var tmpfs int64
 	var failing bool
+	var fastUntil time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-g.woken:
+			fastUntil = time.Now().Add(guardWakeFast)
 		case <-t.C:
 		}
+		if time.Now().Before(fastUntil) {
+			// A command started lately: poll its RSS alone. While a
+			// process commits memory in one system call, gVisor's
+			// meminfo lags its RSS by 100 ms and more (seen: 24 MiB
+			// while dd's RSS was 261 MiB) and reading meminfo can block
+			// until the call ends (seen: 250-450 ms), after which the
+			// hog frees everything within milliseconds: the kill must
+			// land while the call runs. tmpfs is as of the last
+			// meminfo.
+			if rss := g.rssTotal(); rss+tmpfs >= g.threshold {
+				g.act(ctx, rss+tmpfs)
+			}
+			g.mu.Lock()
+			g.stats.Polls++
+			g.mu.Unlock()
+			t.Reset(g.fast)
+			continue
+		}
 		next := g.slow
-		u, tmpfs, err := g.usage()
+		u, shm, err := g.usage()
+		if err == nil {
+			tmpfs = shm
+		}
 		switch {
 		case err != nil:
 			if !failing {
 				g.log.Warn("memguard: read usage", "err", err)
 			}
-		case u >= g.threshold:
+		case u >= g.threshold || prev >= 0 && u-prev > g.limit/guardJumpDivisor:
 			// Confirm with the processes' RSS plus tmpfs, which unlike
 			// meminfo drops the moment a victim exits: a high meminfo
 			// with small processes and little in tmpfs is memory on its
 			// way back. tmpfs counts because no kill frees it, so the
 			// processes must fit in what it leaves (the drivers size
 			// tmpfs mounts to a fraction of the limit for that).
+			// A jump is checked too: meminfo lags (see above).
 			if rss := g.rssTotal(); rss+tmpfs >= g.threshold {
 				g.act(ctx, max(u, rss+tmpfs))
 			}
 			next = g.fast
-		case float64(u) >= guardFastAbove*float64(g.threshold) || u-prev > g.limit/guardJumpDivisor:
+		case float64(u) >= guardFastAbove*float64(g.threshold):
 			next = g.fast
 		}
 		failing = err != nil
@@ -203,9 +249,16 @@ func (g *memGuard) run(ctx context.Context) {
 	}
 }
 
-// rssTotal sums the RSS of every live process. Shared pages count once per
-// process, so it overestimates; it is read only when meminfo is already
-// over the threshold.
+// rssTotal sums the RSS of every live process but PID 1 and the agent.
+// Shared pages count once per process, so it overestimates (a shell's own
+// pages are under a MiB, and the drivers allow one task per MiB of the
+// limit); it is read only when meminfo is over the threshold or jumped, or
+// a command is fresh. The agent is left out because
+// its RSS is mostly its mapped executable (which meminfo does not count)
+// and it is never a victim: counted, it made the confirmation pass while
+// meminfo still showed a killed hog's pages (gVisor releases them a few
+// hundred milliseconds after the exit), and the guard killed a command well
+// under the limit.
 func (g *memGuard) rssTotal() int64 {
 	pids, err := g.pids()
 	if err != nil {
@@ -213,6 +266,9 @@ func (g *memGuard) rssTotal() int64 {
 	}
 	var sum int64
 	for _, pid := range pids {
+		if pid == 1 || pid == g.self {
+			continue
+		}
 		if st, err := readProcStat(g.procDir, pid); err == nil && st.state != 'Z' && st.state != 'X' {
 			rss, _ := readRSS(g.procDir, pid)
 			sum += rss

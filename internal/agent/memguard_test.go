@@ -176,3 +176,72 @@ func TestParseMemLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestMemGuardChecksRSSOfAFreshCommand replays `dd bs=256M count=1` under a
+// 64 MiB limit: meminfo still shows 24 MiB while dd's RSS is 261 MiB, and dd
+// frees it all within about 100 ms. Once wake says a command started, the
+// guard must poll at once and kill on RSS, not wait for a slow poll or for
+// meminfo.
+func TestMemGuardChecksRSSOfAFreshCommand(t *testing.T) {
+	mib := (1 << 20) / int64(os.Getpagesize())
+	dir := fakeProc(t, map[int]struct {
+		comm  string
+		state byte
+		pages int64
+		adj   int
+	}{5: {"sh", 'S', 2 * mib, 0}, 9: {"dd", 'R', 261 * mib, 0}})
+	for _, woken := range []bool{false, true} {
+		killed := make(chan int, 10)
+		g := &memGuard{
+			limit: 64 << 20, threshold: GuardThreshold(64 << 20),
+			fast: time.Millisecond, slow: time.Hour, procDir: dir,
+			log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+			kill:  func(pid int) error { killed <- pid; return nil },
+			usage: func() (int64, int64, error) { return 24 << 20, 0, nil },
+			woken: make(chan struct{}, 1),
+		}
+		g.pids = func() ([]int, error) { return listPIDs(dir) }
+		if woken {
+			g.wake()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		g.run(ctx)
+		cancel()
+		switch {
+		case woken && len(killed) == 0:
+			t.Fatal("a fresh command's 261 MiB RSS under a 64 MiB limit was not killed while meminfo lagged")
+		case woken && <-killed != 9:
+			t.Fatal("killed the wrong process")
+		case !woken && len(killed) != 0:
+			t.Fatal("killed without a poll: the slow interval is an hour")
+		}
+	}
+}
+
+// TestMemGuardLeavesAgentOutOfConfirmation: after a hog's kill meminfo stays
+// at the limit for a few hundred milliseconds under gVisor. The agent's own
+// RSS (mostly its mapped executable) must not make a small command look
+// like the cause: counted, a 20 MiB dd was killed under a 64 MiB limit.
+func TestMemGuardLeavesAgentOutOfConfirmation(t *testing.T) {
+	mib := (1 << 20) / int64(os.Getpagesize())
+	dir := fakeProc(t, map[int]struct {
+		comm  string
+		state byte
+		pages int64
+		adj   int
+	}{1: {"cubicle", 'S', 30 * mib, 0}, 42: {"cubicle", 'S', 30 * mib, 0}, 5: {"sh", 'S', 2 * mib, 0}, 9: {"dd", 'R', 20 * mib, 0}})
+	g := &memGuard{
+		limit: 64 << 20, threshold: GuardThreshold(64 << 20),
+		fast: time.Millisecond, slow: time.Millisecond, procDir: dir, self: 42,
+		log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		kill:  func(pid int) error { t.Errorf("killed %d", pid); return nil },
+		usage: func() (int64, int64, error) { return 64 << 20, 0, nil },
+	}
+	g.pids = func() ([]int, error) { return listPIDs(dir) }
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+	defer cancel()
+	g.run(ctx)
+	if st := g.Stats(); st.Polls == 0 || st.Kills != 0 {
+		t.Errorf("stats %+v", st)
+	}
+}

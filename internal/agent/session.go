@@ -21,6 +21,10 @@ const (
 // reports the exit.
 const drainGrace = 100 * time.Millisecond
 
+// groupKillWait bounds how long killGroup keeps killing a group whose
+// members do not go away (zombies still accept signals until reaped).
+const groupKillWait = 5 * time.Second
+
 // session is one command and everything needed to (re)attach to it: its
 // output windows, exit status and lifetime timers. Invariants: done moves
 // false → true once, after which out never changes; every change to out or
@@ -94,6 +98,9 @@ func (s *session) run(p *proc, onFinish func(*session)) {
 	close(s.ready)
 
 	ws := <-p.exited
+	if ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+		killGroup(p.pid)
+	}
 	pumped := make(chan struct{})
 	go func() { pumps.Wait(); close(pumped) }()
 	s.drain(p, pumped)
@@ -111,6 +118,23 @@ func (s *session) run(p *proc, onFinish func(*session)) {
 	s.broadcastLocked()
 	s.mu.Unlock()
 	onFinish(s)
+}
+
+// killGroup SIGKILLs process group pgid until no process is left in it.
+// A command whose leader was SIGKILLed (its own `kill -9 0`, the timeout,
+// a kill frame, the OOM guard) takes its whole group with it. One kill is
+// not enough under gVisor: it signals the members of a snapshot of the
+// group, so a child forked while the signal goes round is not in it and
+// survives (Linux rules that out under tasklist_lock), and a fork bomb
+// killed that way keeps running and holds the sandbox's task bound. Each
+// round kills the parents of the next round's stragglers, so it ends once
+// the agent (PID 1, to which the orphans fall) has reaped them.
+func killGroup(pgid int) {
+	for deadline := time.Now().Add(groupKillWait); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if err := syscall.Kill(-pgid, syscall.SIGKILL); errors.Is(err, syscall.ESRCH) {
+			return
+		}
+	}
 }
 
 // drain waits for the pumps after the command exited. Pipes still open
