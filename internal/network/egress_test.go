@@ -230,13 +230,26 @@ func serveUDP(t *testing.T, pc net.PacketConn, prefix string, n *atomic.Int64) {
 // the host, answering "resolver ..." (UDP: the payload; TCP: the peer).
 func hostResolver(t *testing.T) (udpPort, tcpPort uint16) {
 	t.Helper()
-	pc, err := net.ListenPacket("udp4", "0.0.0.0:0")
+	// As the daemon does: a free UDP port may be taken for TCP, so try
+	// another.
+	var (
+		pc   net.PacketConn
+		ln   net.Listener
+		port int
+		err  error
+	)
+	for range 10 {
+		pc, err = net.ListenPacket("udp4", "0.0.0.0:0")
+		must(t, err)
+		port = pc.LocalAddr().(*net.UDPAddr).Port
+		if ln, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port)); err == nil {
+			break
+		}
+		pc.Close()
+	}
 	must(t, err)
 	var n atomic.Int64
 	serveUDP(t, pc, "resolver ", &n)
-	port := pc.LocalAddr().(*net.UDPAddr).Port
-	ln, err := net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", port))
-	must(t, err)
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {

@@ -287,7 +287,10 @@ func TestEgressConnCap(t *testing.T) {
 	if grown > perSandbox+4 || grown < perSandbox/2 {
 		t.Fatalf("daemon fds grew by %d for %d held connections, want about the cap %d", grown, tries, perSandbox)
 	}
-	request := fmt.Sprintf(`printf 'GET / HTTP/1.0\r\nHost: allowed.test\r\n\r\n' | nc -w 5 %s 80`, in.addr(0))
+	// stdin stays open until the answer is in: busybox nc half-closes at
+	// stdin's EOF, which Go's HTTP server (the proxy) takes for a client
+	// gone away, cancelling the upstream request (see README, egress).
+	request := fmt.Sprintf(`(printf 'GET / HTTP/1.0\r\nHost: allowed.test\r\n\r\n'; sleep 2) | nc -w 5 %s 80`, in.addr(0))
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		out, _, _ := run(t, d.Client, sb.Name, request)
