@@ -67,6 +67,11 @@ type Signer struct {
 // out algorithm-confusion tricks ("alg":"none" and friends).
 var jwtHeader = base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`))
 
+// b64 decodes token parts strictly: the lenient decoder ignores the unused
+// low bits of a part's last character, so four spellings of one signature
+// would all verify and a changed token would still be accepted.
+var b64 = base64.RawURLEncoding.Strict()
+
 // minKeyLen is the shortest secret accepted from a key file.
 const minKeyLen = 32
 
@@ -151,11 +156,11 @@ func (s *Signer) Verify(token, audience string) (Claims, error) {
 	if !ok1 || !ok2 || h != jwtHeader {
 		return Claims{}, fmt.Errorf("malformed token: %w", errdefs.ErrUnauthorized)
 	}
-	got, err := base64.RawURLEncoding.DecodeString(sig)
+	got, err := b64.DecodeString(sig)
 	if err != nil || !hmac.Equal(got, s.mac(h+"."+body)) {
 		return Claims{}, fmt.Errorf("invalid token signature: %w", errdefs.ErrUnauthorized)
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(body)
+	raw, err := b64.DecodeString(body)
 	if err != nil {
 		return Claims{}, fmt.Errorf("malformed token: %w", errdefs.ErrUnauthorized)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/image/imagetest"
 )
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (mknod, chown, trusted xattrs, overlay mounts)")
