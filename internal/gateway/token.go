@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
@@ -115,19 +116,14 @@ func createKey(ctx context.Context, path string, log *slog.Logger) ([]byte, erro
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("gateway: create signing key: %w", err)
 	}
-	// O_EXCL: two daemons racing on a fresh data dir must not end up with
-	// different keys; the loser reads the winner's.
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return LoadOrCreateKey(ctx, path, log)
-	}
+	// Create-once: two daemons racing on a fresh data dir must not end up
+	// with different keys; the loser reads the winner's, which is whole.
+	created, err := atomicfile.Create(path, []byte(hex.EncodeToString(key)+"\n"), 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: create signing key: %w", err)
 	}
-	_, werr := f.WriteString(hex.EncodeToString(key) + "\n")
-	if err := errors.Join(werr, f.Close()); err != nil {
-		os.Remove(path)
-		return nil, fmt.Errorf("gateway: write signing key: %w", err)
+	if !created {
+		return LoadOrCreateKey(ctx, path, log)
 	}
 	log.InfoContext(ctx, "created signing key for service URLs and download links", "path", path)
 	return key, nil
