@@ -183,7 +183,9 @@ func (p *Policy) addPattern(s string) error {
 		p.nets = append(p.nets, pfx.Masked())
 		return nil
 	}
-	if a, err := netip.ParseAddr(s); err == nil {
+	// An address written with a trailing dot is still that address: kept
+	// as a name it would never match the IP literal CheckHost is given.
+	if a, err := netip.ParseAddr(strings.TrimSuffix(s, ".")); err == nil {
 		a = a.Unmap().WithZone("")
 		p.nets = append(p.nets, netip.PrefixFrom(a, a.BitLen()))
 		return nil

@@ -142,3 +142,18 @@ func TestCheckHostIgnoresZone(t *testing.T) {
 		}
 	}
 }
+
+// TestIPPatternWithTrailingDot: "169.254.169.254." in a deny_list denies
+// that address (found by FuzzParsePolicy: it was kept as a host name that
+// no IP-literal request could match, so the deny did nothing).
+func TestIPPatternWithTrailingDot(t *testing.T) {
+	p, err := Parse([]byte(`{"access_control":{"deny_list":["169.254.169.254."]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"169.254.169.254", "::ffff:169.254.169.254"} {
+		if v := p.CheckHost(h); v.Allowed {
+			t.Errorf("CheckHost(%q) = %+v, want denied", h, v)
+		}
+	}
+}
