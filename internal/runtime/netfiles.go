@@ -60,10 +60,11 @@ func HostsFile(hostname string) []byte {
 	return b.Bytes()
 }
 
-// fallbackNameservers serve a sandbox whose host has no nameserver it can
+// FallbackNameservers serve a sandbox whose host has no nameserver it can
 // reach (none at all, or only loopback ones such as systemd-resolved's
-// 127.0.0.53, which lives in the host's network namespace).
-var fallbackNameservers = []string{"1.1.1.1", "8.8.8.8"}
+// 127.0.0.53, which lives in the host's network namespace), and the
+// daemon's own resolver when the host names none.
+func FallbackNameservers() []string { return []string{"1.1.1.1", "8.8.8.8"} }
 
 // maxNameservers is how many nameserver lines the resolver reads (glibc's
 // MAXNS); more are dropped rather than silently ignored inside.
@@ -72,7 +73,7 @@ const maxNameservers = 3
 // ResolvConf builds a sandbox's resolv.conf from the host's at hostResolv,
 // for every driver: the host's nameservers a sandbox can reach (not
 // loopback, not unspecified; at most maxNameservers), else
-// fallbackNameservers; its last search line (the one the resolver uses);
+// FallbackNameservers; its last search line (the one the resolver uses);
 // and its options lines. A missing host file gives the fallback.
 func ResolvConf(hostResolv string) ([]byte, error) {
 	data, err := os.ReadFile(hostResolv)
@@ -100,7 +101,7 @@ func ResolvConf(hostResolv string) ([]byte, error) {
 		}
 	}
 	if len(servers) == 0 {
-		servers = fallbackNameservers
+		servers = FallbackNameservers()
 	}
 	var b bytes.Buffer
 	for _, s := range servers {
