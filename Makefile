@@ -47,7 +47,8 @@ FUZZ_TARGETS := \
 	./internal/proxy:FuzzServeDNS \
 	./internal/gateway:FuzzVerify \
 	./internal/api:FuzzDecode \
-	./internal/agent:FuzzClientAnswers
+	./internal/agent:FuzzClientAnswers \
+	./internal/agent:FuzzExecFrames
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
