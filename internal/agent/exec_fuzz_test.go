@@ -66,7 +66,7 @@ func FuzzExecFrames(f *testing.F) {
 
 		// What a correct reader makes of the same messages.
 		var want bytes.Buffer
-		wantCode, wantErr, ended := -1, "", false
+		wantCode, wantErr, end := -1, "", "" // end: the frame type that ends it
 		for _, m := range parts {
 			var fr protocol.ExecFrame
 			if json.Unmarshal(m, &fr) != nil {
@@ -79,11 +79,11 @@ func FuzzExecFrames(f *testing.F) {
 				if fr.ExitCode != nil {
 					wantCode = *fr.ExitCode
 				}
-				ended = true
+				end = fr.Type
 				break
 			}
 			if fr.Type == protocol.FrameError {
-				wantErr, ended = fr.Error, true
+				wantErr, end = fr.Error, fr.Type
 				break
 			}
 		}
@@ -92,11 +92,11 @@ func FuzzExecFrames(f *testing.F) {
 		}
 		var ee *ExecError
 		switch {
-		case ended && wantErr == "" && (err != nil || code != wantCode):
+		case end == protocol.FrameExit && (err != nil || code != wantCode):
 			t.Fatalf("exit frame: Exec = %d, %v; want %d", code, err, wantCode)
-		case ended && wantErr != "" && (!errors.As(err, &ee) || ee.Message != wantErr):
+		case end == protocol.FrameError && (!errors.As(err, &ee) || ee.Message != wantErr):
 			t.Fatalf("error frame: Exec = %d, %v; want ExecError %q", code, err, wantErr)
-		case !ended && err == nil:
+		case end == "" && err == nil:
 			t.Fatalf("no exit frame but Exec = %d, nil", code)
 		}
 	})
