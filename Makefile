@@ -4,7 +4,7 @@ BIN         := bin
 GOFLAGS_BIN := CGO_ENABLED=0
 PKGS        := ./...
 
-.PHONY: build test unit e2e bench run lint clean FORCE
+.PHONY: build test unit e2e bench run lint fuzz clean FORCE
 
 build: $(BIN)/cubicle $(BIN)/runsc
 
@@ -29,6 +29,33 @@ lint:
 # nftables and network namespaces.
 test: build lint
 	$(GO) test -p 1 -count=1 -timeout 25m $(PKGS)
+	$(MAKE) fuzz
+
+# Each parser of untrusted input has a native Go fuzz target (package:Func).
+# `go test` above replays their seeds and testdata/fuzz regressions; here
+# each one is fuzzed for FUZZTIME (go test -fuzz takes one target at a time).
+# Minimizing each new input is capped at FUZZMINIMIZE runs so a short run
+# spends its time exploring (the unpacker's coverage varies from run to run,
+# and unbounded minimization took the whole budget); a crasher is still
+# written to testdata/fuzz.
+FUZZTIME     ?= 10s
+FUZZMINIMIZE ?= 20x
+FUZZ_TARGETS := \
+	./internal/image:FuzzUnpackLayer \
+	./internal/proxy:FuzzParsePolicy \
+	./internal/proxy:FuzzAWSEndpoint \
+	./internal/proxy:FuzzServeDNS \
+	./internal/gateway:FuzzVerify \
+	./internal/api:FuzzDecode \
+	./internal/agent:FuzzClientAnswers \
+	./internal/agent:FuzzExecFrames
+
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$fn in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg; \
+	done
 
 e2e: build
 	$(GO) test -p 1 -count=1 -timeout 20m -v ./test/e2e/

@@ -59,6 +59,34 @@ func (e *HTTPError) Is(target error) bool {
 	return target == ErrFileNotFound && (e.Status == http.StatusNotFound || e.Kind == errKindFileNotFound)
 }
 
+// ProtocolVersion is the version of the daemon↔agent API in this binary.
+// The agent reports it in its health answer and the daemon refuses an agent
+// reporting another (an agent from before versioning reports none, 0).
+// Bump it with any change a daemon and an agent of different builds would
+// disagree on: a route, a field, a frame, a bound.
+const ProtocolVersion = 1
+
+// healthAnswer is the body of GET /v1/health.
+type healthAnswer struct {
+	OK       bool `json:"ok"`
+	Protocol int  `json:"protocol"`
+}
+
+// ErrProtocolVersion is what a *VersionError matches with errors.Is.
+var ErrProtocolVersion = errors.New("agent protocol version mismatch")
+
+// VersionError is an agent that speaks another ProtocolVersion: it is from
+// another build of cubicle, so the sandbox must be restarted with this
+// daemon's agent rather than used half-working.
+type VersionError struct{ Agent int }
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("agent speaks protocol %d, this daemon %d: restart the sandbox to get this build's agent", e.Agent, ProtocolVersion)
+}
+
+// Is makes errors.Is(err, ErrProtocolVersion) match.
+func (e *VersionError) Is(target error) bool { return target == ErrProtocolVersion }
+
 // Client is the daemon's connection to one sandbox's agent. It keeps
 // connections alive, so repeated calls cost one round trip each. Safe for
 // concurrent use.
@@ -104,14 +132,19 @@ func (c *Client) setToken(token string) {
 // Close releases idle connections.
 func (c *Client) Close() { c.httpc.CloseIdleConnections() }
 
-// Health checks that the agent answers and accepts the token.
+// Health checks that the agent answers, accepts the token and speaks this
+// daemon's ProtocolVersion; an agent that does not (one that outlived a
+// daemon upgrade, in a re-adopted sandbox or a memory snapshot) is a
+// *VersionError.
 func (c *Client) Health(ctx context.Context) error {
-	resp, err := c.do(ctx, http.MethodGet, "/v1/health", nil, nil, nil)
-	if err != nil {
+	var h healthAnswer
+	if err := c.getJSON(ctx, http.MethodGet, "/v1/health", nil, nil, &h); err != nil {
 		return err
 	}
-	defer drain(resp)
-	return checkStatus(resp, http.StatusOK)
+	if h.Protocol != ProtocolVersion {
+		return &VersionError{Agent: h.Protocol}
+	}
+	return nil
 }
 
 // MemGuard returns the OOM guard's state and kill counter.
@@ -134,8 +167,8 @@ func (c *Client) WaitReady(ctx context.Context, interval time.Duration) error {
 			return nil
 		}
 		var he *HTTPError
-		if errors.As(err, &he) && he.Status == http.StatusUnauthorized {
-			return err // retrying cannot fix a wrong token
+		if errors.As(err, &he) && he.Status == http.StatusUnauthorized || errors.Is(err, ErrProtocolVersion) {
+			return err // retrying cannot fix a wrong token or another agent binary
 		}
 		select {
 		case <-ctx.Done():

@@ -10,7 +10,7 @@
 //
 // The agent's HTTP API (every request needs TokenHeader):
 //
-//	GET  /v1/health                 {"ok":true}
+//	GET  /v1/health                 {"ok":true,"protocol":ProtocolVersion}
 //	POST /v1/token                  {"token"}: replace the token (204); see token.go
 //	GET  /v1/memguard               MemGuardStats: the OOM guard's state and kills
 //	GET  /v1/exec                   WebSocket, spec §6 frames (plus "resize")

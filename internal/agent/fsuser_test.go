@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // testUID is the sandbox user of these tests: numeric, so it needs no
@@ -35,9 +37,7 @@ const (
 //	home/u/           the user's, with sub/file
 func userTree(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to act as another user")
-	}
+	testenv.RequireRoot(t, "to act as another user")
 	base := t.TempDir()
 	for d := base; d != "/"; d = filepath.Dir(d) {
 		st, err := os.Stat(d)

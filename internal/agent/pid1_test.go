@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -44,12 +45,8 @@ func TestMain(m *testing.M) {
 // orphans are reaped while the exit codes of concurrent commands still reach
 // their own sessions, and that SIGTERM stops the agent.
 func TestPID1(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root for a PID namespace")
-	}
-	if _, err := exec.LookPath("unshare"); err != nil {
-		t.Skip("unshare not installed")
-	}
+	testenv.RequireRoot(t, "for a PID namespace")
+	testenv.RequireTool(t, "unshare")
 	addr := freeAddr(t)
 	cmd := exec.Command("unshare", "--pid", "--fork", os.Args[0])
 	cmd.Env = append(os.Environ(), helperEnv+"="+addr)

@@ -127,7 +127,7 @@ func (s *Server) Close() {
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
+	writeJSON(w, http.StatusOK, healthAnswer{OK: true, Protocol: ProtocolVersion})
 }
 
 // Run is `cubicle agent`: it serves on addr until ctx ends or SIGTERM/SIGINT

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -199,9 +200,7 @@ func TestPTY(t *testing.T) {
 }
 
 func TestRunAsUser(t *testing.T) {
-	if os.Getuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.RequireRoot(t, "to run commands as other users")
 	c, srv, _ := startAgent(t, WithBaseEnv(nil))
 	// The sandbox's own passwd and group files, not the host's.
 	srv.root = t.TempDir()

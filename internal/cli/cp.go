@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"io"
 	"os"
 	"path"
@@ -118,28 +119,13 @@ func cpDownload(cmd *cobra.Command, c *cubicle.Client, src cpArg, local string) 
 	return writeFileAtomic(cmd.Context(), local, rc)
 }
 
-// writeFileAtomic writes r to a temporary file beside dst and renames it
-// into place, so a failed download never leaves a truncated dst.
+// writeFileAtomic writes r to dst through a staging file, so a failed or
+// interrupted download never leaves a truncated dst.
 func writeFileAtomic(ctx context.Context, dst string, r io.Reader) error {
-	tmp, err := os.CreateTemp(filepath.Dir(dst), ".cubicle-cp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // no-op after the rename
-	if _, err := io.Copy(tmp, r); err != nil {
-		tmp.Close()
-		return fmt.Errorf("download to %s: %w", dst, err)
-	}
-	if err := ctx.Err(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dst)
+	return atomicfile.Write(dst, 0o644, func(w io.Writer) error {
+		if _, err := io.Copy(w, r); err != nil {
+			return fmt.Errorf("download to %s: %w", dst, err)
+		}
+		return ctx.Err()
+	})
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/secrets"
 )
 
@@ -94,7 +95,9 @@ func upstreamResolvers(path string) ([]string, error) {
 		}
 	}
 	if len(out) == 0 {
-		out = []string{"1.1.1.1:53", "8.8.8.8:53"}
+		for _, s := range runtime.FallbackNameservers() {
+			out = append(out, net.JoinHostPort(s, "53"))
+		}
 	}
 	return out, nil
 }

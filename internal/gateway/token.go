@@ -18,6 +18,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
@@ -67,6 +68,11 @@ type Signer struct {
 // out algorithm-confusion tricks ("alg":"none" and friends).
 var jwtHeader = base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"HS256","typ":"JWT"}`))
 
+// b64 decodes token parts strictly: the lenient decoder ignores the unused
+// low bits of a part's last character, so four spellings of one signature
+// would all verify and a changed token would still be accepted.
+var b64 = base64.RawURLEncoding.Strict()
+
 // minKeyLen is the shortest secret accepted from a key file.
 const minKeyLen = 32
 
@@ -110,19 +116,14 @@ func createKey(ctx context.Context, path string, log *slog.Logger) ([]byte, erro
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("gateway: create signing key: %w", err)
 	}
-	// O_EXCL: two daemons racing on a fresh data dir must not end up with
-	// different keys; the loser reads the winner's.
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return LoadOrCreateKey(ctx, path, log)
-	}
+	// Create-once: two daemons racing on a fresh data dir must not end up
+	// with different keys; the loser reads the winner's, which is whole.
+	created, err := atomicfile.Create(path, []byte(hex.EncodeToString(key)+"\n"), 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: create signing key: %w", err)
 	}
-	_, werr := f.WriteString(hex.EncodeToString(key) + "\n")
-	if err := errors.Join(werr, f.Close()); err != nil {
-		os.Remove(path)
-		return nil, fmt.Errorf("gateway: write signing key: %w", err)
+	if !created {
+		return LoadOrCreateKey(ctx, path, log)
 	}
 	log.InfoContext(ctx, "created signing key for service URLs and download links", "path", path)
 	return key, nil
@@ -151,11 +152,11 @@ func (s *Signer) Verify(token, audience string) (Claims, error) {
 	if !ok1 || !ok2 || h != jwtHeader {
 		return Claims{}, fmt.Errorf("malformed token: %w", errdefs.ErrUnauthorized)
 	}
-	got, err := base64.RawURLEncoding.DecodeString(sig)
+	got, err := b64.DecodeString(sig)
 	if err != nil || !hmac.Equal(got, s.mac(h+"."+body)) {
 		return Claims{}, fmt.Errorf("invalid token signature: %w", errdefs.ErrUnauthorized)
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(body)
+	raw, err := b64.DecodeString(body)
 	if err != nil {
 		return Claims{}, fmt.Errorf("malformed token: %w", errdefs.ErrUnauthorized)
 	}

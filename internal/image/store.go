@@ -43,6 +43,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/keyed"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -251,26 +252,10 @@ func (s *Store) entryPath(e refEntry) string {
 	return s.refPath(e.Workspace, e.Ref)
 }
 
-// writeFileAtomic writes data to path via a staging file and rename, so
-// readers see either the old content or the new, never a torn file.
+// writeFileAtomic replaces path with data, staged in the store's tmp dir
+// so a crash leaves nothing in the directories the store lists.
 func (s *Store) writeFileAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Join(s.root, "tmp"), "write-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), path)
+	return atomicfile.WriteFile(path, data, 0o600, atomicfile.WithTempDir(filepath.Join(s.root, "tmp")))
 }
 
 func (s *Store) writeJSON(path string, v any) error {

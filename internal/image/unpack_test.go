@@ -15,13 +15,12 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/image/imagetest"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (mknod, chown, trusted xattrs, overlay mounts)")
-	}
+	testenv.RequireRoot(t, "mknod, chown, trusted xattrs, overlay mounts")
 }
 
 // unpackEntries unpacks entries into a fresh directory and returns it.

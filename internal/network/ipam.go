@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
@@ -95,7 +96,7 @@ func (m *Manager) allocate(id string) (*record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encode record: %w", err)
 	}
-	if err := writeFileAtomic(m.recordPath(id), data); err != nil {
+	if err := atomicfile.WriteFile(m.recordPath(id), data, 0o600); err != nil {
 		return nil, fmt.Errorf("write record: %w", err)
 	}
 	return rec, nil
@@ -153,43 +154,7 @@ func (m *Manager) removeRecord(id string) error {
 	if err := os.Remove(m.recordPath(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove allocation: %w", err)
 	}
-	return syncDir(m.stateDir)
-}
-
-// writeFileAtomic writes data to a temporary file beside path, syncs it and
-// renames it over path, so readers see the old content or the new, never a
-// torn file.
-func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	_, werr := f.Write(data)
-	if werr == nil {
-		werr = f.Sync()
-	}
-	if cerr := f.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Rename(tmp, path)
-	}
-	if werr != nil {
-		_ = os.Remove(tmp)
-		return werr
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.SyncDir(m.stateDir)
 }
 
 // hostAddrs returns every IPv4 address assigned in the host's namespace.

@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // testPool is kept apart from the default pool so a daemon running on the
@@ -39,9 +40,7 @@ type testEnv struct {
 
 func newEnv(t *testing.T) *testEnv {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: creates namespaces, links and nftables rules")
-	}
+	testenv.RequireRoot(t, "creates namespaces, links and nftables rules")
 	env := &testEnv{stateDir: t.TempDir(), netnsDir: t.TempDir()}
 	// Runs before TempDir's RemoveAll: New makes netnsDir a mount point.
 	t.Cleanup(func() { _ = unix.Unmount(env.netnsDir, unix.MNT_DETACH) })

@@ -98,9 +98,13 @@ var signingNames = map[string]string{
 // <service>.<region>.amazonaws.com, <bucket>.s3.<region>.amazonaws.com,
 // dualstack/fips/VPC-endpoint variants, legacy s3-<region>, and global
 // endpoints (iam.amazonaws.com, s3.amazonaws.com → us-east-1; .com.cn →
-// cn-north-1). ok is false for a host outside amazonaws.com(.cn).
+// cn-north-1). ok is false for a host outside amazonaws.com(.cn) and for
+// one that is no valid DNS name (an empty label would sign for service "").
 func AWSEndpoint(host string) (service, region string, ok bool) {
 	host = normHost(hostOnly(host))
+	if !validName(host) {
+		return "", "", false
+	}
 	var rest, global string
 	switch {
 	case strings.HasSuffix(host, ".amazonaws.com.cn"):

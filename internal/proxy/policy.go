@@ -183,8 +183,11 @@ func (p *Policy) addPattern(s string) error {
 		p.nets = append(p.nets, pfx.Masked())
 		return nil
 	}
-	if a, err := netip.ParseAddr(s); err == nil {
-		p.nets = append(p.nets, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	// An address written with a trailing dot is still that address: kept
+	// as a name it would never match the IP literal CheckHost is given.
+	if a, err := netip.ParseAddr(strings.TrimSuffix(s, ".")); err == nil {
+		a = a.Unmap().WithZone("")
+		p.nets = append(p.nets, netip.PrefixFrom(a, a.BitLen()))
 		return nil
 	}
 	hp, err := parseHost(s)
@@ -359,9 +362,11 @@ func (p *Policy) CheckHost(host string) Verdict {
 }
 
 // CheckAddr decides for a connection to address a (no name known, or the
-// address a name was dialled at).
+// address a name was dialled at). The zone is dropped before matching: a
+// prefix never contains a zoned address, so "fe80::1%eth0" would otherwise
+// slip past a deny_list of fe80::/10.
 func (p *Policy) CheckAddr(a netip.Addr) Verdict {
-	a = a.Unmap()
+	a = a.Unmap().WithZone("")
 	hit := ""
 	for _, n := range p.nets {
 		if n.Contains(a) {

@@ -127,3 +127,33 @@ func TestValidateChecksEverySecretReference(t *testing.T) {
 		t.Errorf("admin: %v", err)
 	}
 }
+
+// TestCheckHostIgnoresZone: a zoned IPv6 literal is checked as its address,
+// so "fe80::1%eth0" cannot slip past a deny_list of fe80::/10 (found by
+// FuzzParsePolicy: netip prefixes never contain a zoned address).
+func TestCheckHostIgnoresZone(t *testing.T) {
+	p, err := Parse([]byte(`{"access_control":{"deny_list":["fe80::/10","fd00::1%eth1"]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"fe80::1%eth0", "fe80::1%25eth0", "fd00::1", "fd00::1%lo"} {
+		if v := p.CheckHost(h); v.Allowed {
+			t.Errorf("CheckHost(%q) = %+v, want denied", h, v)
+		}
+	}
+}
+
+// TestIPPatternWithTrailingDot: "169.254.169.254." in a deny_list denies
+// that address (found by FuzzParsePolicy: it was kept as a host name that
+// no IP-literal request could match, so the deny did nothing).
+func TestIPPatternWithTrailingDot(t *testing.T) {
+	p, err := Parse([]byte(`{"access_control":{"deny_list":["169.254.169.254."]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{"169.254.169.254", "::ffff:169.254.169.254"} {
+		if v := p.CheckHost(h); v.Allowed {
+			t.Errorf("CheckHost(%q) = %+v, want denied", h, v)
+		}
+	}
+}

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
+	"os"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -58,8 +60,63 @@ func HostsFile(hostname string) []byte {
 	return b.Bytes()
 }
 
+// FallbackNameservers serve a sandbox whose host has no nameserver it can
+// reach (none at all, or only loopback ones such as systemd-resolved's
+// 127.0.0.53, which lives in the host's network namespace), and the
+// daemon's own resolver when the host names none.
+func FallbackNameservers() []string { return []string{"1.1.1.1", "8.8.8.8"} }
+
+// maxNameservers is how many nameserver lines the resolver reads (glibc's
+// MAXNS); more are dropped rather than silently ignored inside.
+const maxNameservers = 3
+
+// ResolvConf builds a sandbox's resolv.conf from the host's at hostResolv,
+// for every driver: the host's nameservers a sandbox can reach (not
+// loopback, not unspecified; at most maxNameservers), else
+// FallbackNameservers; its last search line (the one the resolver uses);
+// and its options lines. A missing host file gives the fallback.
+func ResolvConf(hostResolv string) ([]byte, error) {
+	data, err := os.ReadFile(hostResolv)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read host resolv.conf: %w", err)
+	}
+	var servers, options []string
+	search := ""
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 2 {
+			continue
+		}
+		switch f[0] {
+		case "nameserver":
+			a, err := netip.ParseAddr(f[1])
+			if err == nil && !a.IsLoopback() && !a.IsUnspecified() && len(servers) < maxNameservers {
+				servers = append(servers, a.String())
+			}
+		case "search":
+			search = strings.Join(f, " ")
+		case "options":
+			options = append(options, strings.Join(f, " "))
+		}
+	}
+	if len(servers) == 0 {
+		servers = FallbackNameservers()
+	}
+	var b bytes.Buffer
+	for _, s := range servers {
+		fmt.Fprintf(&b, "nameserver %s\n", s)
+	}
+	for _, l := range append([]string{search}, options...) {
+		if l != "" {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.Bytes(), nil
+}
+
 // WriteNetFiles installs HostsFile(hostname) and resolv (the driver's
-// resolv.conf) into the root filesystem at rootfs, following the rules in
+// resolv.conf, from ResolvConf) into the root filesystem at rootfs, following the rules in
 // the notes above.
 func WriteNetFiles(ctx context.Context, rootfs, hostname string, resolv []byte) error {
 	tree, err := sandboxfs.OpenTree(rootfs)

@@ -110,3 +110,33 @@ func TestWriteNetFilesHostileTree(t *testing.T) {
 		t.Fatalf("directory at /etc/hosts: %v", err)
 	}
 }
+
+// TestResolvConf: one resolv.conf for every driver, from the host's: only
+// nameservers a sandbox can reach (loopback and unspecified ones are in
+// the host's namespace), at most three, else public fallbacks; the last
+// search line and every options line.
+func TestResolvConf(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct{ host, want string }{
+		{"nameserver 127.0.0.53\noptions edns0 trust-ad\nsearch lan\n", "nameserver 1.1.1.1\nnameserver 8.8.8.8\nsearch lan\noptions edns0 trust-ad\n"},
+		{"# c\nnameserver 10.0.0.2\nnameserver ::1\nnameserver 0.0.0.0\nnameserver 2001:db8::1\n", "nameserver 10.0.0.2\nnameserver 2001:db8::1\n"},
+		{"nameserver 10.0.0.1\nnameserver 10.0.0.2\nnameserver 10.0.0.3\nnameserver 10.0.0.4\n", "nameserver 10.0.0.1\nnameserver 10.0.0.2\nnameserver 10.0.0.3\n"},
+		{"search a\nnameserver bogus\nsearch b c\noptions ndots:2\noptions rotate\n", "nameserver 1.1.1.1\nnameserver 8.8.8.8\nsearch b c\noptions ndots:2\noptions rotate\n"},
+		{"", "nameserver 1.1.1.1\nnameserver 8.8.8.8\n"},
+	} {
+		p := filepath.Join(dir, "resolv.conf")
+		if err := os.WriteFile(p, []byte(c.host), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ResolvConf(p)
+		if err != nil || string(got) != c.want {
+			t.Errorf("ResolvConf(%q) = %q, %v; want %q", c.host, got, err, c.want)
+		}
+	}
+	if got, err := ResolvConf(filepath.Join(dir, "missing")); err != nil || string(got) != "nameserver 1.1.1.1\nnameserver 8.8.8.8\n" {
+		t.Errorf("missing host file: %q, %v", got, err)
+	}
+	if _, err := ResolvConf(dir); err == nil {
+		t.Error("an unreadable host resolv.conf (a directory) gave no error")
+	}
+}

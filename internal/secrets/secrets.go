@@ -14,6 +14,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"io/fs"
 	"os"
 )
@@ -50,30 +51,22 @@ func LoadOrCreate(path string) (*Box, error) {
 	return New(key)
 }
 
-// create writes a new random key to path, failing if the file appeared in
-// the meantime (then the caller's retry reads it).
+// create writes a new random key to path unless another process created
+// one first, whose key it then reads. The file appears whole, so neither a
+// crash nor a racing reader ever sees a short key.
 func create(path string) ([]byte, error) {
 	key := make([]byte, KeySize)
 	if _, err := rand.Read(key); err != nil {
 		return nil, fmt.Errorf("secrets: generate key: %w", err)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if errors.Is(err, fs.ErrExist) {
-		return os.ReadFile(path)
-	}
+	created, err := atomicfile.Create(path, key, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("secrets: create key: %w", err)
 	}
-	if _, err := f.Write(key); err != nil {
-		f.Close()
-		os.Remove(path)
-		return nil, fmt.Errorf("secrets: write key: %w", err)
+	if !created {
+		return os.ReadFile(path)
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("secrets: sync key: %w", err)
-	}
-	return key, f.Close()
+	return key, nil
 }
 
 // New returns a Box over a KeySize-byte key.

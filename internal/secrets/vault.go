@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
@@ -193,24 +194,8 @@ func (v *Vault) save() error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("secrets: vault dir: %w", err)
 	}
-	f, err := os.CreateTemp(dir, ".vault-*")
-	if err != nil {
+	if err := atomicfile.WriteFile(v.path, b, 0o600); err != nil {
 		return fmt.Errorf("secrets: write vault: %w", err)
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("secrets: write vault: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("secrets: sync vault: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("secrets: write vault: %w", err)
-	}
-	if err := os.Rename(f.Name(), v.path); err != nil {
-		return fmt.Errorf("secrets: replace vault: %w", err)
 	}
 	return nil
 }

@@ -8,13 +8,13 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 func needRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testenv.RequireRoot(t, "loop-mounts btrfs")
 }
 
 // loopStore opens a CoW store on a fresh (non-btrfs) temp dir, which makes
@@ -23,7 +23,7 @@ func loopStore(t *testing.T) (*CoW, string) {
 	t.Helper()
 	needRoot(t)
 	if !haveBtrfsTools() {
-		t.Skip("btrfs-progs not installed")
+		testenv.Skip(t, "btrfs-progs not installed")
 	}
 	dir := t.TempDir()
 	c, err := OpenCoW(context.Background(), dir, WithImageSize(2<<30), WithBackend(BackendBtrfsLoop))

@@ -15,6 +15,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // BusyboxPath is where BusyboxImage expects a statically linked busybox
@@ -42,7 +44,7 @@ var busybox struct {
 func BusyboxImage(t testing.TB) v1.Image {
 	t.Helper()
 	if _, err := os.Stat(BusyboxPath); err != nil {
-		t.Skipf("imagetest: %s not found (apt-get install busybox-static): %v", BusyboxPath, err)
+		testenv.Skip(t, "imagetest: %s not found (apt-get install busybox-static): %v", BusyboxPath, err)
 	}
 	busybox.once.Do(func() {
 		data, err := busyboxTar(t)

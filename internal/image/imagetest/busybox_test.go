@@ -11,14 +11,13 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/image/imagetest"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // TestBusyboxImageRunsBash proves the image is usable as a rootfs: bash and
 // busybox applets run chrooted into the pulled layer, as the app user too.
 func TestBusyboxImageRunsBash(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to chroot")
-	}
+	testenv.RequireRoot(t, "to chroot")
 	img := imagetest.BusyboxImage(t)
 	d1, _ := img.Digest()
 	d2, _ := imagetest.BusyboxImage(t).Digest()

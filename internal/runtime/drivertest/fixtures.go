@@ -21,6 +21,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -40,16 +41,15 @@ var agentBuild struct {
 	err  error
 }
 
-// NewEnv builds the fixtures, skipping tb when the host cannot host them
-// (not root, no busybox-static, agent does not build).
+// NewEnv builds the fixtures, skipping tb (failing it under CI) when the
+// host cannot host them (not root, no busybox-static); an agent that does
+// not build fails it.
 func NewEnv(tb testing.TB) *Env {
 	tb.Helper()
-	if os.Geteuid() != 0 {
-		tb.Skip("drivertest: needs root (namespaces, overlayfs, cgroups)")
-	}
+	testenv.RequireRoot(tb, "drivertest: namespaces, overlayfs, cgroups")
 	bb, err := exec.LookPath("busybox")
 	if err != nil || !isStatic(bb) {
-		tb.Skip("drivertest: needs a static /bin/busybox (apt-get install busybox-static)")
+		testenv.Skip(tb, "drivertest: needs a static /bin/busybox (apt-get install busybox-static)")
 	}
 	agentBuild.once.Do(func() {
 		dir, err := os.MkdirTemp("", "cubicle-drivertest-agent-")
@@ -65,7 +65,7 @@ func NewEnv(tb testing.TB) *Env {
 		}
 	})
 	if agentBuild.err != nil {
-		tb.Skipf("drivertest: agent does not build: %v", agentBuild.err)
+		tb.Fatalf("drivertest: agent does not build: %v", agentBuild.err)
 	}
 	e := &Env{Base: filepath.Join(tb.TempDir(), "base"), Agent: agentBuild.path}
 	if err := buildBase(e.Base, bb); err != nil {

@@ -1,15 +1,11 @@
 package gvisor
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -24,11 +20,6 @@ const (
 	runscLog    = "runsc.log"
 	consoleFile = "console.log"
 )
-
-// fallbackNameserver is used when the host has no nameserver a sandbox can
-// reach (none at all, or only loopback ones such as systemd-resolved's
-// 127.0.0.53, which lives in the host's network namespace).
-const fallbackNameserver = "1.1.1.1"
 
 // cpuPeriod is the CFS period, in microseconds, against which MilliCPUs is
 // turned into a quota: 1000 milli-CPUs is one period's worth of quota.
@@ -223,45 +214,4 @@ func resources(l runtime.Limits) *specs.LinuxResources {
 // add up, and then only that sandbox dies.
 func hostPidsLimit(tasks int64) int64 {
 	return 3*tasks + 512
-}
-
-// resolvConf builds the sandbox's resolv.conf from the host's (read from
-// hostResolv): its non-loopback nameservers and search line, or
-// fallbackNameserver when none is usable. A missing host file is not an
-// error.
-func resolvConf(hostResolv string) ([]byte, error) {
-	data, err := os.ReadFile(hostResolv)
-	if err != nil && !os.IsNotExist(err) {
-		return nil, fmt.Errorf("read host resolv.conf: %w", err)
-	}
-	var servers []string
-	var search string
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 2 {
-			continue
-		}
-		switch f[0] {
-		case "nameserver":
-			addr, err := netip.ParseAddr(f[1])
-			if err != nil || addr.IsLoopback() || addr.IsUnspecified() {
-				continue
-			}
-			servers = append(servers, addr.String())
-		case "search":
-			search = strings.Join(f[1:], " ")
-		}
-	}
-	if len(servers) == 0 {
-		servers = []string{fallbackNameserver}
-	}
-	var b bytes.Buffer
-	if search != "" {
-		fmt.Fprintf(&b, "search %s\n", search)
-	}
-	for _, s := range servers {
-		fmt.Fprintf(&b, "nameserver %s\n", s)
-	}
-	return b.Bytes(), nil
 }

@@ -180,7 +180,7 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) er
 	undo.Push(func(context.Context) error { return os.RemoveAll(dir) })
 	if image == "" {
 		// A restored sandbox keeps the files its processes already read.
-		resolv, err := resolvConf(d.hostResolv)
+		resolv, err := runtime.ResolvConf(d.hostResolv)
 		if err != nil {
 			return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 		}

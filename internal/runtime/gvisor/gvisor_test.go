@@ -354,27 +354,6 @@ func TestInvalid(t *testing.T) {
 	}
 }
 
-func TestResolvConf(t *testing.T) {
-	dir := t.TempDir()
-	for _, c := range []struct{ host, want string }{
-		{"nameserver 127.0.0.53\noptions edns0\nsearch lan\n", "search lan\nnameserver 1.1.1.1\n"},
-		{"# c\nnameserver 10.0.0.2\nnameserver ::1\nnameserver 2001:db8::1\n", "nameserver 10.0.0.2\nnameserver 2001:db8::1\n"},
-		{"", "nameserver 1.1.1.1\n"},
-	} {
-		p := filepath.Join(dir, "resolv.conf")
-		if err := os.WriteFile(p, []byte(c.host), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		got, err := resolvConf(p)
-		if err != nil || string(got) != c.want {
-			t.Errorf("resolvConf(%q) = %q, %v; want %q", c.host, got, err, c.want)
-		}
-	}
-	if got, err := resolvConf(filepath.Join(dir, "missing")); err != nil || string(got) != "nameserver 1.1.1.1\n" {
-		t.Errorf("missing host file: %q, %v", got, err)
-	}
-}
-
 func TestFindRunsc(t *testing.T) {
 	if _, err := FindRunsc("/nonexistent/runsc"); err == nil {
 		t.Error("FindRunsc of a missing flag value succeeded")

@@ -34,6 +34,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
@@ -180,11 +181,10 @@ func (d *Driver) readState(id string) (state, error) {
 
 func (d *Driver) writeState(id string, st state) error {
 	b, _ := json.Marshal(st)
-	tmp := filepath.Join(d.dir(id), "state.json.tmp")
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(d.dir(id), "state.json"), b, 0o600); err != nil {
 		return fmt.Errorf("write state: %w", err)
 	}
-	return os.Rename(tmp, filepath.Join(d.dir(id), "state.json"))
+	return nil
 }
 
 // Running implements runtime.Driver.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/drivertest"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // probeArg makes the test binary, copied into a sandbox, run one of probes
@@ -241,7 +242,7 @@ echo distro-ok
 func TestDistroToolsWork(t *testing.T) {
 	for _, tool := range []string{"/usr/bin/gcc", "/usr/bin/python3", "/usr/bin/dpkg", "/usr/bin/apt-get", "/usr/sbin/useradd"} {
 		if _, err := os.Stat(tool); err != nil {
-			t.Skipf("the host image lacks %s: %v", tool, err)
+			testenv.Skip(t, "the host image lacks %s: %v", tool, err)
 		}
 	}
 	env := drivertest.NewEnv(t)

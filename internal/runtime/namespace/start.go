@@ -1,13 +1,11 @@
 package namespace
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -51,7 +49,11 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	}
 	undo.Push(func(context.Context) error { return os.RemoveAll(dir) })
 
-	if err := runtime.WriteNetFiles(ctx, spec.RootFS, spec.Hostname, d.resolvFile()); err != nil {
+	resolv, err := runtime.ResolvConf(d.resolvConf)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	if err := runtime.WriteNetFiles(ctx, spec.RootFS, spec.Hostname, resolv); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 
@@ -297,37 +299,4 @@ func procStat(pid int) (uint64, bool, error) {
 	// f[0] is field 3 (state); field 22 is f[19].
 	start, err := strconv.ParseUint(f[19], 10, 64)
 	return start, f[0] == "Z" || f[0] == "X", err
-}
-
-// resolvFile generates the sandbox's resolv.conf from the host's: its
-// non-loopback nameservers and search/options lines, or public resolvers
-// when the host has none a sandbox can reach.
-func (d *Driver) resolvFile() []byte {
-	var rc strings.Builder
-	n := 0
-	if f, err := os.Open(d.resolvConf); err == nil {
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			fields := strings.Fields(sc.Text())
-			if len(fields) < 2 {
-				continue
-			}
-			switch fields[0] {
-			case "nameserver":
-				// A loopback resolver (systemd-resolved's 127.0.0.53) is
-				// unreachable from the sandbox's own loopback.
-				if a, err := netip.ParseAddr(fields[1]); err == nil && !a.IsLoopback() {
-					fmt.Fprintf(&rc, "nameserver %s\n", a)
-					n++
-				}
-			case "search", "options":
-				fmt.Fprintln(&rc, strings.Join(fields, " "))
-			}
-		}
-		f.Close()
-	}
-	if n == 0 {
-		rc.WriteString("nameserver 1.1.1.1\nnameserver 8.8.8.8\n")
-	}
-	return []byte(rc.String())
 }
