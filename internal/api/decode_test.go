@@ -79,22 +79,34 @@ func TestDecodeErrors(t *testing.T) {
 	}
 }
 
-// FuzzDecode: the decoder never panics, and agrees with encoding/json's
-// own DisallowUnknownFields on what it checks too (everything outside raw
-// members): a body it accepts the strict standard decoder accepts, and a
-// body the standard decoder refuses for an unknown field it refuses.
+// FuzzDecode: the decoder never panics, every refusal is a client error
+// the edge maps to a 4xx (ErrInvalid, a FieldError, or ErrTooLarge; never
+// an unclassified one that would surface as a 500), and it agrees with
+// encoding/json's own DisallowUnknownFields on what it checks too
+// (everything outside raw members): a body it accepts the strict standard
+// decoder accepts, and a body the standard decoder refuses for an unknown
+// field it refuses.
 func FuzzDecode(f *testing.F) {
 	for _, s := range []string{
 		`{"name":"a","run_config":{"user":"0","env_vars":{"A":"b"}}}`,
 		`{"proxy_config":{"access_control":{"allowlist":["x"]}}}`,
 		`{"proxy_config":{"rules":[{"headers":[{"name":"H","value":{"type":"opaque","value":"v"}}]}]}}`,
 		`{"NAME":"a","Run_Config":{}}`, `{"x":1}`, `[]`, `null`, `{"vcpus":1e400}`,
+		``, `{}`, `"x"`, `{"vcpus":"two"}`, `{"name":"a"} trailing`, `{"name":`,
+		`{"labels":{"k":` + strings.Repeat(`[`, 10000) + `}}`,
 	} {
 		f.Add([]byte(s))
 	}
+	f.Add(append([]byte(`{"name":"`), bytes.Repeat([]byte("a"), maxBody)...))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var ours protocol.CreateSandboxRequest
-		err := decodeBytes(body, &ours)
+		err := decode(httptest.NewRequest("POST", "/boxes", bytes.NewReader(body)), &ours)
+		if err != nil && !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrTooLarge) {
+			t.Fatalf("decode(%.80q) = %v: not a client error", body, err)
+		}
+		if errors.Is(err, errdefs.ErrTooLarge) {
+			return
+		}
 		var std protocol.CreateSandboxRequest
 		dec := json.NewDecoder(bytes.NewReader(body))
 		dec.DisallowUnknownFields()

@@ -5,9 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -80,23 +78,11 @@ func (e *egressEnv) upload(t testing.TB, name string) {
 	mustRun(t, e.d.Client, name, "chmod +x /usr/local/bin/egclient")
 }
 
-// api sends a JSON request to the daemon's control plane.
+// api sends a JSON request to the daemon's control plane as the admin.
 func (e *egressEnv) api(t testing.TB, method, path string, body any) (int, []byte) {
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, e.d.Endpoint+"/v2/sandboxes"+path, rd)
-	req.Header.Set("X-Api-Key", testKey)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, b
+	t.Helper()
+	code, b := apiAs(t, e.d, testKey, method, path, body)
+	return code, []byte(b)
 }
 
 // timed runs command and returns its output and how long it took.
