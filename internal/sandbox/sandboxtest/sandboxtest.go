@@ -436,7 +436,7 @@ func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch r.URL.Path {
 	case "/v1/health":
-		w.WriteHeader(http.StatusOK)
+		json.NewEncoder(w).Encode(map[string]any{"ok": true, "protocol": agent.ProtocolVersion})
 	case "/v1/activity":
 		json.NewEncoder(w).Encode(act)
 	case "/v1/token":
