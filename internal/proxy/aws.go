@@ -99,8 +99,17 @@ var signingNames = map[string]string{
 // dualstack/fips/VPC-endpoint variants, legacy s3-<region>, and global
 // endpoints (iam.amazonaws.com, s3.amazonaws.com → us-east-1; .com.cn →
 // cn-north-1). ok is false for a host outside amazonaws.com(.cn) and for
-// one that is no valid DNS name (an empty label would sign for service "").
+// one that is no valid DNS name or names no service (an empty label, or a
+// bare "-fips", would sign for service "").
 func AWSEndpoint(host string) (service, region string, ok bool) {
+	service, region, ok = awsEndpoint(host)
+	if service == "" {
+		return "", "", false
+	}
+	return service, region, ok
+}
+
+func awsEndpoint(host string) (service, region string, ok bool) {
 	host = normHost(hostOnly(host))
 	if !validName(host) {
 		return "", "", false
