@@ -13,12 +13,16 @@ import (
 )
 
 // fakeProc writes a /proc-like tree: pid → (comm, state, rss pages, adj).
-func fakeProc(t *testing.T, procs map[int]struct {
+// fakeTask is one process of a fakeProc tree: its name, state, RSS in
+// pages and oom_score_adj.
+type fakeTask struct {
 	comm  string
 	state byte
 	pages int64
 	adj   int
-}) string {
+}
+
+func fakeProc(t *testing.T, procs map[int]fakeTask) string {
 	t.Helper()
 	dir := t.TempDir()
 	for pid, p := range procs {
@@ -32,12 +36,7 @@ func fakeProc(t *testing.T, procs map[int]struct {
 }
 
 func TestMemGuardKillsLargestOverThreshold(t *testing.T) {
-	type p = struct {
-		comm  string
-		state byte
-		pages int64
-		adj   int
-	}
+	type p = fakeTask
 	page := int64(os.Getpagesize())
 	mib := (1 << 20) / page
 	dir := fakeProc(t, map[int]p{
@@ -84,12 +83,7 @@ func TestMemGuardKillsLargestOverThreshold(t *testing.T) {
 }
 
 func TestMemGuardQuietUnderThresholdOrWithSmallProcesses(t *testing.T) {
-	dir := fakeProc(t, map[int]struct {
-		comm  string
-		state byte
-		pages int64
-		adj   int
-	}{5: {"sh", 'S', 100, 0}})
+	dir := fakeProc(t, map[int]fakeTask{5: {"sh", 'S', 100, 0}})
 	for name, usage := range map[string]int64{
 		"under threshold": 60 << 20,
 		// meminfo high but processes small: memory being released.
@@ -120,12 +114,7 @@ func TestMemGuardQuietUnderThresholdOrWithSmallProcesses(t *testing.T) {
 // would kill the whole sandbox.
 func TestMemGuardCountsTmpfs(t *testing.T) {
 	mib := (1 << 20) / int64(os.Getpagesize())
-	dir := fakeProc(t, map[int]struct {
-		comm  string
-		state byte
-		pages int64
-		adj   int
-	}{5: {"sh", 'S', 2 * mib, 0}, 9: {"python", 'R', 31 * mib, 0}})
+	dir := fakeProc(t, map[int]fakeTask{5: {"sh", 'S', 2 * mib, 0}, 9: {"python", 'R', 31 * mib, 0}})
 	var killed []int
 	g := &memGuard{
 		limit: 64 << 20, threshold: GuardThreshold(64 << 20),
@@ -184,12 +173,7 @@ func TestParseMemLimit(t *testing.T) {
 // meminfo.
 func TestMemGuardChecksRSSOfAFreshCommand(t *testing.T) {
 	mib := (1 << 20) / int64(os.Getpagesize())
-	dir := fakeProc(t, map[int]struct {
-		comm  string
-		state byte
-		pages int64
-		adj   int
-	}{5: {"sh", 'S', 2 * mib, 0}, 9: {"dd", 'R', 261 * mib, 0}})
+	dir := fakeProc(t, map[int]fakeTask{5: {"sh", 'S', 2 * mib, 0}, 9: {"dd", 'R', 261 * mib, 0}})
 	for _, woken := range []bool{false, true} {
 		killed := make(chan int, 10)
 		g := &memGuard{
@@ -224,12 +208,7 @@ func TestMemGuardChecksRSSOfAFreshCommand(t *testing.T) {
 // like the cause: counted, a 20 MiB dd was killed under a 64 MiB limit.
 func TestMemGuardLeavesAgentOutOfConfirmation(t *testing.T) {
 	mib := (1 << 20) / int64(os.Getpagesize())
-	dir := fakeProc(t, map[int]struct {
-		comm  string
-		state byte
-		pages int64
-		adj   int
-	}{1: {"cubicle", 'S', 30 * mib, 0}, 42: {"cubicle", 'S', 30 * mib, 0}, 5: {"sh", 'S', 2 * mib, 0}, 9: {"dd", 'R', 20 * mib, 0}})
+	dir := fakeProc(t, map[int]fakeTask{1: {"cubicle", 'S', 30 * mib, 0}, 42: {"cubicle", 'S', 30 * mib, 0}, 5: {"sh", 'S', 2 * mib, 0}, 9: {"dd", 'R', 20 * mib, 0}})
 	g := &memGuard{
 		limit: 64 << 20, threshold: GuardThreshold(64 << 20),
 		fast: time.Millisecond, slow: time.Millisecond, procDir: dir, self: 42,
