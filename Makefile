@@ -31,30 +31,36 @@ test: build lint
 	$(GO) test -p 1 -count=1 -timeout 25m $(PKGS)
 	$(MAKE) fuzz
 
-# Each parser of untrusted input has a native Go fuzz target (package:Func).
-# `go test` above replays their seeds and testdata/fuzz regressions; here
-# each one is fuzzed for FUZZTIME (go test -fuzz takes one target at a time).
+# Each parser of untrusted input has a native Go fuzz target
+# (package:Func:execs). `go test` above replays their seeds and
+# testdata/fuzz regressions; here each one is fuzzed for a fixed number of
+# executions, sized to about ten seconds on this machine (go test -fuzz
+# takes one target at a time). The budget is a count, not a duration: Go
+# 1.26's fuzz coordinator can fail a duration-bounded run with a spurious
+# "context deadline exceeded" when the deadline races a worker's in-flight
+# input (go.dev/issue/75804, fixed in Go 1.27); a count has no deadline.
+# FUZZSCALE multiplies every budget (e.g. FUZZSCALE=10 for a long run).
 # Minimizing each new input is capped at FUZZMINIMIZE runs so a short run
 # spends its time exploring (the unpacker's coverage varies from run to run,
 # and unbounded minimization took the whole budget); a crasher is still
 # written to testdata/fuzz.
-FUZZTIME     ?= 10s
+FUZZSCALE    ?= 1
 FUZZMINIMIZE ?= 20x
 FUZZ_TARGETS := \
-	./internal/image:FuzzUnpackLayer \
-	./internal/proxy:FuzzParsePolicy \
-	./internal/proxy:FuzzAWSEndpoint \
-	./internal/proxy:FuzzServeDNS \
-	./internal/gateway:FuzzVerify \
-	./internal/api:FuzzDecode \
-	./internal/agent:FuzzClientAnswers \
-	./internal/agent:FuzzExecFrames
+	./internal/image:FuzzUnpackLayer:12000 \
+	./internal/proxy:FuzzParsePolicy:80000 \
+	./internal/proxy:FuzzAWSEndpoint:100000 \
+	./internal/proxy:FuzzServeDNS:100000 \
+	./internal/gateway:FuzzVerify:80000 \
+	./internal/api:FuzzDecode:80000 \
+	./internal/agent:FuzzClientAnswers:200000 \
+	./internal/agent:FuzzExecFrames:30000
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; fn=$${t##*:}; \
-		echo "fuzz $$fn in $$pkg for $(FUZZTIME)"; \
-		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) $$pkg; \
+		pkg=$${t%%:*}; rest=$${t#*:}; fn=$${rest%%:*}; n=$$(( $${rest##*:} * $(FUZZSCALE) )); \
+		echo "fuzz $$fn in $$pkg for $$n executions"; \
+		$(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $${n}x -fuzzminimizetime $(FUZZMINIMIZE) $$pkg; \
 	done
 
 e2e: build
