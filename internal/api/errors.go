@@ -6,6 +6,8 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
@@ -49,7 +51,16 @@ func writeError(ctx context.Context, w http.ResponseWriter, err error) {
 	var fe *errdefs.FieldError
 	var be *sandbox.BootError
 	var ue *unknownFieldError
+	var le *errdefs.LimitError
 	switch {
+	case errors.As(err, &le):
+		secs := int64((le.RetryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+		typ := "QuotaExceeded"
+		if le.Kind == errdefs.RateLimit {
+			typ = "RateLimited"
+		}
+		writeDetail(w, http.StatusTooManyRequests, typ, le.Error())
 	case errors.As(err, &fe):
 		writeValidation(w, fe.Field, fe.Msg)
 	case errors.As(err, &ue):

@@ -26,8 +26,18 @@ const DefaultWorkspace = "default"
 // Principal is who a request acts as.
 type Principal struct {
 	WorkspaceID string
-	User        string
-	Role        string
+	// User is the id of the user the key belongs to.
+	User string
+	// Role is the key's role in WorkspaceID (store.RoleAdmin or
+	// store.RoleMember).
+	Role string
+	// KeyID is the key's record id; KeyPrefix names it in logs and audit
+	// records without revealing it.
+	KeyID     string
+	KeyPrefix string
+	// InstanceAdmin marks the bootstrap key: it manages workspaces and
+	// their first admins, and is also an admin of its own workspace.
+	InstanceAdmin bool
 }
 
 // IsAdmin reports whether p administers its workspace.

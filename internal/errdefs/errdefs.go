@@ -8,6 +8,7 @@ package errdefs
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Sentinel kinds. Test with errors.Is.
@@ -42,3 +43,31 @@ func (e *FieldError) Unwrap() error { return ErrInvalid }
 func Field(field, format string, args ...any) error {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
+
+// Limit kinds of a LimitError. The official clients read the kind of a
+// quota from the 429's message (spec §7.1): it must contain "sandbox
+// count", "cpu", "memory" or "storage"; LimitError's Error leads with the
+// kind's wording so it always does.
+const (
+	QuotaSandboxes = "sandbox count"
+	QuotaCPU       = "cpu"
+	QuotaMemory    = "memory"
+	QuotaStorage   = "storage"
+	QuotaSnapshots = "snapshot count"
+	// RateLimit is a per-key request rate limit, not a quota.
+	RateLimit = "request rate"
+)
+
+// LimitError is a refused request that would exceed a workspace quota or
+// a key's rate limit; the API answers 429 with Retry-After.
+type LimitError struct {
+	// Kind is one of the Quota* constants or RateLimit.
+	Kind string
+	// Msg says what was asked and what the limit is.
+	Msg string
+	// RetryAfter is when trying again may succeed (rounded up to whole
+	// seconds on the wire, at least 1).
+	RetryAfter time.Duration
+}
+
+func (e *LimitError) Error() string { return e.Kind + " limit exceeded: " + e.Msg }
