@@ -138,6 +138,7 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	pid1 := os.Getpid() == 1
+	reserveThreads(reservedThreads)
 	env := withoutVar(os.Environ(), MemLimitEnv)
 	opts := []Option{WithLogger(log), WithBaseEnv(env), WithMemLimit(parseMemLimit(os.Getenv(MemLimitEnv)))}
 	if pid1 {
