@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Output streams of a session, indexing session.out.
@@ -138,9 +140,12 @@ func killGroup(pgid int) {
 }
 
 // drain waits for the pumps after the command exited. Pipes still open
-// after drainGrace are held by a background child: they are closed, so the
-// exit is reported — unless a pump is waiting for a slow client to take
-// output, which is progress, not a stuck pipe.
+// after drainGrace are held by a background child: the pumps are told to
+// take what the pipes hold and stop, so the exit is reported — unless a
+// pump is waiting for a slow client to take output, which is progress, not
+// a stuck pipe. Output the command wrote before it exited is never lost,
+// however late its pump gets to run (closing the pipe instead dropped it
+// when the pump had not read it within the grace on a loaded host).
 func (s *session) drain(p *proc, pumped <-chan struct{}) {
 	for {
 		select {
@@ -156,7 +161,9 @@ func (s *session) drain(p *proc, pumped <-chan struct{}) {
 		}
 		for _, f := range p.out {
 			if f != nil {
-				f.Close() // unblocks the pumps: the files are pollable
+				if f.SetReadDeadline(time.Now()) != nil { // see pump
+					f.Close() // not pollable: unblock the pump the hard way
+				}
 			}
 		}
 		<-pumped
@@ -185,11 +192,23 @@ func (s *session) waitForRoomLocked(i, n int) {
 // pump copies one output stream into its window, never splitting a UTF-8
 // sequence: an incomplete trailing sequence waits for its remaining bytes
 // (or EOF).
+//
+// Once drain sets a read deadline, the pump reads only what the pipe
+// already holds and then stops, as at EOF.
 func (s *session) pump(i int, f *os.File) {
 	buf := make([]byte, 32<<10)
-	held := 0
+	held, rest := 0, false
 	for {
-		n, err := f.Read(buf[held:])
+		var n int
+		var err error
+		if rest {
+			n, err = readBuffered(f, buf[held:])
+		} else if n, err = f.Read(buf[held:]); errors.Is(err, os.ErrDeadlineExceeded) {
+			rest, err = true, f.SetReadDeadline(time.Time{})
+			if err == nil {
+				continue
+			}
+		}
 		n += held
 		cut := completePrefix(buf[:n])
 		if err != nil {
@@ -207,6 +226,30 @@ func (s *session) pump(i int, f *os.File) {
 			return
 		}
 	}
+}
+
+// readBuffered reads from pollable f what it holds now, without waiting:
+// io.EOF when it holds nothing.
+func readBuffered(f *os.File, p []byte) (int, error) {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	var rerr error
+	if err := rc.Read(func(fd uintptr) bool {
+		n, rerr = unix.Read(int(fd), p)
+		return true // never wait for more
+	}); err != nil {
+		return 0, err
+	}
+	switch {
+	case errors.Is(rerr, unix.EAGAIN) || (rerr == nil && n == 0):
+		return 0, io.EOF
+	case rerr != nil:
+		return 0, rerr
+	}
+	return n, nil
 }
 
 // writeStdin feeds queued input to the command's stdin pipe until stdin is

@@ -250,3 +250,36 @@ func TestExecuteExpiredID(t *testing.T) {
 		t.Fatalf("re-execute of an expired id: %v", err)
 	}
 }
+
+// TestPumpTakesBufferedOutputAfterDeadline: output a command wrote before
+// it exited is delivered even when its pump had not read it by the time
+// drain gave up waiting for EOF (a background child holds the pipe open).
+// Closing the pipe instead lost it on a loaded host.
+func TestPumpTakesBufferedOutputAfterDeadline(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close() // the "background child": the pipe never reaches EOF
+	want := strings.Repeat("x", 100<<10) + "tail\n" // more than one read
+	go w.Write([]byte(want))
+	s := newSession("t", 1<<20)
+	// The pump runs only after drain set the deadline, with the writer
+	// still holding the pipe: it must take what is buffered and stop.
+	time.Sleep(50 * time.Millisecond)
+	if err := r.SetReadDeadline(time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { s.pump(streamStdout, r); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("pump did not stop after the deadline")
+	}
+	got := string(s.out[streamStdout].buf)
+	if len(got) < 64<<10 || !strings.HasPrefix(want, got) {
+		t.Fatalf("pump kept %d bytes, want the %d the pipe held (a prefix of what was written)", len(got), 64<<10)
+	}
+}
