@@ -1,10 +1,11 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -139,11 +140,14 @@ func memUsage(id string) int64 {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func median(v []float64) float64 {
+// median returns the middle of v (the upper one of an even count), or
+// zero for none.
+func median[T cmp.Ordered](v []T) T {
 	if len(v) == 0 {
-		return 0
+		var zero T
+		return zero
 	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
+	s := slices.Clone(v)
+	slices.Sort(s)
 	return s[len(s)/2]
 }

@@ -68,6 +68,9 @@ type daemon struct {
 	logs     *syncBuffer
 	// extraArgs are appended to `cubicle serve` (see startDaemonArgs).
 	extraArgs []string
+	// bin, when set, is the cubicle binary to run instead of bin/cubicle
+	// (a baseline build to compare against; see baseline_bench_test.go).
+	bin string
 }
 
 type syncBuffer struct {
@@ -105,36 +108,50 @@ func startDaemon(t testing.TB, runtime, dataDir string) *daemon {
 
 // startDaemonArgs is startDaemon with extra `cubicle serve` flags.
 func startDaemonArgs(t testing.TB, runtime, dataDir string, extra ...string) *daemon {
+	return startDaemonBin(t, "", runtime, dataDir, extra...)
+}
+
+// startDaemonBin is startDaemonArgs running binary bin ("" for
+// bin/cubicle).
+func startDaemonBin(t testing.TB, bin, runtime, dataDir string, extra ...string) *daemon {
 	if dataDir == "" {
 		dataDir = t.TempDir()
 	}
-	d := &daemon{t: t, runtime: runtime, dataDir: dataDir, listen: freePort(t), extraArgs: extra}
+	d := &daemon{t: t, runtime: runtime, dataDir: dataDir, listen: freePort(t), extraArgs: extra, bin: bin}
 	d.start()
-	t.Cleanup(func() {
-		if d.cmd == nil {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if list, err := d.Client.ListSandboxes(ctx, cubicle.ListOptions{Limit: 500}); err == nil {
-			for _, sb := range list.Sandboxes {
-				if err := d.Client.DeleteSandbox(ctx, sb.Name); err != nil {
-					t.Errorf("cleanup: delete sandbox %s: %v", sb.Name, err)
-				}
+	t.Cleanup(d.shutdown)
+	return d
+}
+
+// shutdown deletes every sandbox the daemon's admin can see and stops the
+// daemon, so nothing leaks into the next test; a no-op once stopped.
+func (d *daemon) shutdown() {
+	t := d.t
+	if d.cmd == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if list, err := d.Client.ListSandboxes(ctx, cubicle.ListOptions{Limit: 500}); err == nil {
+		for _, sb := range list.Sandboxes {
+			if err := d.Client.DeleteSandbox(ctx, sb.Name); err != nil {
+				t.Errorf("cleanup: delete sandbox %s: %v", sb.Name, err)
 			}
 		}
-		d.stop()
-		unmountUnder(d.dataDir)
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", d.logs.String())
-		}
-	})
-	return d
+	}
+	d.stop()
+	unmountUnder(d.dataDir)
+	if t.Failed() {
+		t.Logf("daemon log:\n%s", d.logs.String())
+	}
 }
 
 func (d *daemon) start() {
 	t := d.t
 	bin, runsc := binaries(t)
+	if d.bin != "" {
+		bin = d.bin
+	}
 	d.logs = &syncBuffer{}
 	args := []string{"serve", "--listen", d.listen, "--data-dir", d.dataDir, "--runtime", d.runtime, "--runsc", runsc}
 	d.cmd = exec.Command(bin, append(args, d.extraArgs...)...)
