@@ -261,8 +261,10 @@ func TestPumpTakesBufferedOutputAfterDeadline(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	defer w.Close() // the "background child": the pipe never reaches EOF
-	want := strings.Repeat("x", 100<<10) + "tail\n" // more than one read
+	// w is the "background child": the pipe never reaches EOF. want is
+	// more than one read.
+	defer w.Close()
+	want := strings.Repeat("x", 100<<10) + "tail\n"
 	go w.Write([]byte(want))
 	s := newSession("t", 1<<20)
 	// The pump runs only after drain set the deadline, with the writer

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
@@ -296,6 +298,24 @@ type Conn struct {
 
 // Touch records activity (an exec frame, a chunk of a transfer).
 func (c *Conn) Touch() { c.m.touch(c.id) }
+
+// DialPort connects to TCP port at the sandbox's own address (a tunnel
+// stream). The agent's port is refused: the agent answers the daemon, not
+// callers. The address is looked up per call, off the exec path.
+func (c *Conn) DialPort(ctx context.Context, port uint16) (net.Conn, error) {
+	if !c.PortAllowed(port) {
+		return nil, fmt.Errorf("port %d of a sandbox: %w", port, errdefs.ErrForbidden)
+	}
+	ep, err := c.m.cfg.Network.Lookup(ctx, runtimeID(c.id))
+	if err != nil {
+		return nil, fmt.Errorf("address of sandbox %s: %w", c.id, err)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", net.JoinHostPort(ep.SandboxIP.String(), strconv.Itoa(int(port))))
+}
+
+// PortAllowed reports whether callers may reach port through DialPort.
+func (c *Conn) PortAllowed(port uint16) bool { return port != 0 && int(port) != c.m.cfg.AgentPort }
 
 // Release ends the request or stream: until then the sandbox counts as
 // active. Safe to call more than once.
