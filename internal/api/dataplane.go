@@ -265,12 +265,19 @@ func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}
 	case <-gone:
 		up.CloseNow()
 	}
-	msg := "the sandbox stopped while the command ran"
-	if reason := why(); reason != "" {
-		msg += ": " + reason
-	}
+	msg := stoppedMessage(why())
 	_ = wsjson.Write(ctx, client, protocol.ExecFrame{Type: protocol.FrameError, ErrorType: protocol.ErrCommandError, Error: msg})
 	client.Close(websocket.StatusNormalClosure, "sandbox stopped")
+}
+
+// stoppedMessage tells a client its command's sandbox stopped, and why
+// (the sandbox's status message) when known.
+func stoppedMessage(reason string) string {
+	msg := "the sandbox stopped while the command ran"
+	if reason != "" {
+		msg += ": " + reason
+	}
+	return msg
 }
 
 // closedWithin reports whether ch is closed within d.

@@ -100,6 +100,8 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	s.handle("POST /dp/{id}/execute", s.execute)
 	s.handle("GET /dp/{id}/execute/ws", s.executeWS)
 	s.handle("GET /dp/{id}/tunnel", s.openTunnel)
+	s.handle("POST /dp/{id}/execute/stream/start", s.executeStreamStart)
+	s.handle("POST /dp/{id}/execute/stream/resume", s.executeStreamResume)
 	s.handle("POST /dp/{id}/upload", s.upload)
 	s.handle("GET /dp/{id}/download", s.download)
 	s.handle("HEAD /dp/{id}/download", s.download)
