@@ -47,12 +47,18 @@ func DefaultConnLimits() ConnLimits {
 // NewHTTPServer returns the daemon's HTTP server for h under l. Serve it on
 // a listener wrapped by LimitListener.
 func NewHTTPServer(h http.Handler, l ConnLimits, log *slog.Logger) *http.Server {
-	return &http.Server{
+	srv := &http.Server{
 		Handler:           h,
 		ReadHeaderTimeout: l.HeaderTimeout,
 		IdleTimeout:       l.IdleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
+	if s, ok := h.(*Server); ok {
+		// Shutdown waits for open responses; long-lived streams are told
+		// to end so they do not hold it for its whole grace period.
+		srv.RegisterOnShutdown(s.drain)
+	}
+	return srv
 }
 
 // LimitListener wraps ln so that each client holds at most max open

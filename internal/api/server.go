@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
@@ -35,7 +36,13 @@ type Server struct {
 	gw Gateway
 	// execOutputLimit is the bytes of each stream POST /execute keeps.
 	execOutputLimit int
+	// draining is closed (once, by drain) when the HTTP server shuts down.
+	draining  chan struct{}
+	drainOnce sync.Once
 }
+
+// drain tells long-lived responses that the server is shutting down.
+func (s *Server) drain() { s.drainOnce.Do(func() { close(s.draining) }) }
 
 // Option configures optional parts of a Server.
 type Option func(*Server)
@@ -65,7 +72,7 @@ func WithExecOutputLimit(n int) Option {
 // which dataplane URLs are derived (no trailing slash).
 func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *slog.Logger, opts ...Option) *Server {
 	s := &Server{mgr: mgr, auth: a, images: images, publicURL: strings.TrimRight(publicURL, "/"), log: log, mux: http.NewServeMux(),
-		execOutputLimit: DefaultExecOutputLimit}
+		execOutputLimit: DefaultExecOutputLimit, draining: make(chan struct{})}
 	for _, opt := range opts {
 		opt(s)
 	}

@@ -23,7 +23,9 @@ import (
 // up where it stopped. The command runs in the agent's session either way,
 // so a dropped response loses nothing the agent's window still holds, and a
 // retried start with the same command_id attaches instead of running the
-// command again (the agent's sessions are get-or-create by command_id).
+// command again (the agent's sessions are get-or-create by command_id). A
+// daemon shutting down ends each response with a resumable
+// ServerShuttingDown error: sandboxes, and their commands, outlive it.
 
 // sseWindow is how many output bytes one response carries before it asks
 // for an ack.
@@ -174,6 +176,12 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*
 			}
 			ev.begin()
 			ev.send(protocol.EventError, map[string]any{"error_type": protocol.ErrCommandError, "error": msg})
+			return
+		case <-s.draining:
+			// Resumable: the command runs on in the sandbox, and the
+			// client resumes against the next daemon.
+			ev.begin()
+			ev.send(protocol.EventError, map[string]any{"error_type": protocol.ErrServerShuttingDown, "error": "the Cubicle daemon is shutting down; resume the command"})
 			return
 		case <-heartbeat.C:
 			ev.begin()

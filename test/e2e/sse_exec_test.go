@@ -177,6 +177,36 @@ func TestSSEExec(t *testing.T) {
 		t.Fatalf("a retried start ran the command again: %q", out)
 	}
 
+	// A daemon shutting down ends the response with a resumable error;
+	// the command runs on, and the next daemon resumes it.
+	id = uuid.NewString()
+	resp = sseCall(t, d, sb, "/execute/stream/start", protocol.ExecStreamStartRequest{
+		Command: "echo before; sleep 2; echo after", CommandID: id, Shell: "/bin/sh"})
+	r = bufio.NewReader(resp.Body)
+	if ev, ok := nextEvent(t, r); !ok || ev.name != "started" {
+		t.Fatalf("first event %+v", ev)
+	}
+	stopped := make(chan struct{})
+	go func() { d.stop(); close(stopped) }()
+	var last sseEvent
+	for {
+		ev, ok := nextEvent(t, r)
+		if !ok {
+			break
+		}
+		last = ev
+	}
+	resp.Body.Close()
+	<-stopped
+	if last.name != "error" || last.data["error_type"] != protocol.ErrServerShuttingDown {
+		t.Fatalf("last event before shutdown: %+v, want a ServerShuttingDown error", last)
+	}
+	d.restart()
+	stdout, _, code, _ = sseRun(t, d, sb, protocol.ExecStreamStartRequest{CommandID: id, Command: "echo before; sleep 2; echo after", Shell: "/bin/sh"})
+	if stdout != "before\nafter\n" || code != 0 {
+		t.Fatalf("resumed across a daemon restart: %q exit %d", stdout, code)
+	}
+
 	resp = sseCall(t, d, sb, "/execute/stream/resume", protocol.ExecStreamResumeRequest{CommandID: "no-such-command"})
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNotFound {
