@@ -67,7 +67,7 @@ func New(sink Sink, log *slog.Logger) *Log {
 }
 
 // Record buffers rec, filling who (workspace, user, key prefix) from the
-// principal in ctx when rec leaves them empty, and the time when zero.
+// principal in ctx where rec leaves them empty, and the time when zero.
 func (l *Log) Record(ctx context.Context, rec store.AccessRecord) {
 	Fill(ctx, &rec)
 	select {
@@ -79,8 +79,15 @@ func (l *Log) Record(ctx context.Context, rec store.AccessRecord) {
 
 // Fill completes rec's who and when from ctx and the clock.
 func Fill(ctx context.Context, rec *store.AccessRecord) {
-	if p, ok := auth.FromContext(ctx); ok && rec.WorkspaceID == "" && rec.UserID == "" {
-		rec.WorkspaceID, rec.UserID, rec.KeyPrefix = p.WorkspaceID, p.User, p.KeyPrefix
+	if p, ok := auth.FromContext(ctx); ok {
+		for _, f := range []struct {
+			dst *string
+			v   string
+		}{{&rec.WorkspaceID, p.WorkspaceID}, {&rec.UserID, p.User}, {&rec.KeyPrefix, p.KeyPrefix}} {
+			if *f.dst == "" {
+				*f.dst = f.v
+			}
+		}
 	}
 	if rec.Time.IsZero() {
 		rec.Time = time.Now()

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -71,10 +72,11 @@ func NewKey() string {
 }
 
 // Prefix is the part of key that names it in logs and audit records
-// (store.KeyPrefixLen characters), or "" for a string too short to be a
-// key — a prefix that is most of a short secret would reveal it.
+// (store.KeyPrefixLen characters), or "" for anything not shaped like a
+// key NewKey makes: a bootstrap key chosen by hand, or a stray secret sent
+// as a key, may be short enough that a prefix would reveal it.
 func Prefix(key string) string {
-	if len(key) < 4*store.KeyPrefixLen {
+	if !strings.HasPrefix(key, "cbk_") || len(key) < 4*store.KeyPrefixLen {
 		return ""
 	}
 	return key[:store.KeyPrefixLen]

@@ -128,8 +128,10 @@ func TestBootstrapIsInstanceAdmin(t *testing.T) {
 }
 
 func TestPrefix(t *testing.T) {
-	if got := Prefix("short-secret"); got != "" {
-		t.Errorf("prefix of a short string = %q, want none", got)
+	for _, k := range []string{"short-secret", "cbk_short", "sk-proj-0123456789012345678901234567890123456789012345678901234567"} {
+		if got := Prefix(k); got != "" {
+			t.Errorf("prefix of %q = %q, want none", k, got)
+		}
 	}
 	if k := NewKey(); Prefix(k) != k[:12] || k[:4] != "cbk_" {
 		t.Errorf("prefix of %s = %q", k, Prefix(k))
