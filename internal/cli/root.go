@@ -30,6 +30,11 @@ func Main(args []string) int {
 		newNSInitCmd(),
 		newDiffCmd(),
 		newInfoCmd(),
+		newWorkspaceCmd(),
+		newUserCmd(),
+		newKeyCmd(),
+		newWhoAmICmd(),
+		newAccessLogCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
