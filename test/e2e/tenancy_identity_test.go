@@ -179,7 +179,9 @@ func TestTenancyIdentity(t *testing.T) {
 	has("the revoked key's 401", func(r protocol.AccessRecord) bool {
 		return r.Status == 401 && r.KeyPrefix == doomedKey.Prefix && r.WorkspaceID == w2.ID
 	})
-	has("the member's 403", func(r protocol.AccessRecord) bool { return r.Status == 403 && r.Route == "POST /v2/sandboxes/keys" && r.UserID == mo.ID })
+	has("the member's 403", func(r protocol.AccessRecord) bool {
+		return r.Status == 403 && r.Route == "POST /v2/sandboxes/keys" && r.UserID == mo.ID
+	})
 	has("the request just before the graceful stop", func(r protocol.AccessRecord) bool { return r.Sandbox == "after-restart" })
 
 	// w2's admin reads only w2's records.
