@@ -102,6 +102,9 @@ func (l *Log) Dropped() int64 { return l.dropped.Load() }
 func (l *Log) Close() {
 	l.once.Do(func() { close(l.quit) })
 	<-l.done
+	if n := l.Dropped(); n > 0 {
+		l.log.Warn("access audit records dropped (buffer full or write failed)", "records", n)
+	}
 }
 
 func (l *Log) run() {

@@ -39,7 +39,7 @@ type tenancyAPI struct {
 	root string
 }
 
-func newTenancyAPI(t *testing.T) *tenancyAPI {
+func newTenancyAPI(t *testing.T, opts ...Option) *tenancyAPI {
 	t.Helper()
 	ctx := context.Background()
 	st, err := store.OpenSQLite(ctx, filepath.Join(t.TempDir(), "c.db"))
@@ -55,7 +55,7 @@ func newTenancyAPI(t *testing.T) *tenancyAPI {
 	audit := syncAudit{st}
 	ta := &testAPI{mgr: newFakeSandboxes(), images: &fakeImages{}}
 	ta.srv = New(ta.mgr, authn, ta.images, "http://api.test", slog.New(slog.DiscardHandler),
-		WithIdentity(identity.New(st, authn, audit)), WithAccessLog(audit))
+		append(opts, WithIdentity(identity.New(st, authn, audit)), WithAccessLog(audit))...)
 	return &tenancyAPI{testAPI: ta, st: st, root: root}
 }
 
@@ -325,6 +325,24 @@ func TestAccessAudit(t *testing.T) {
 	since := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
 	if f := ta.ok(t, 200, "GET", "/audit/access?since="+since, tn.w2Admin, nil)["items"].([]any); len(f) != 0 {
 		t.Errorf("since an hour from now: %v", f)
+	}
+}
+
+// TestAccessAuditUnauthenticatedRoutes: a refused download link (a route
+// with its own credential, not an API key) is recorded by pattern, never
+// with its token; a request the audit does not keep is not.
+func TestAccessAuditUnauthenticatedRoutes(t *testing.T) {
+	ta := newTenancyAPI(t, func(s *Server) { s.gw = &fakeGateway{} })
+	if st, _ := ta.do(t, "GET", "/d/not-a-valid-token", "", nil); st != 401 {
+		t.Fatalf("bad download link: %d", st)
+	}
+	ta.ok(t, 200, "GET", "/images", ta.root, nil)
+	recs, err := ta.st.ListAccess(context.Background(), store.AccessQuery{})
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("records %+v %v, want only the refused link", recs, err)
+	}
+	if r := recs[0]; r.Route != "GET /d/{token}" || r.Status != 401 || r.RequestID == "" || strings.Contains(fmt.Sprint(r), "not-a-valid-token") {
+		t.Errorf("record of the refused link: %+v", r)
 	}
 }
 
