@@ -188,6 +188,8 @@ func TestKeyRoutes(t *testing.T) {
 		ta.wantField(t, field, "POST", "/keys", tn.w2Admin, body)
 	}
 	ta.wantField(t, "expires_in_seconds", "POST", "/keys", tn.w2Admin, map[string]any{"role": "member", "expires_in_seconds": "soon"})
+	ta.wantField(t, "user_id", "POST", "/keys", ta.root, map[string]any{"role": "member", "workspace_id": tn.w2})
+	ta.wantField(t, "workspace_id", "POST", "/keys", ta.root, map[string]any{"role": "member", "workspace_id": "nope", "user_id": "x"})
 	ta.ok(t, 403, "POST", "/keys", tn.w2Admin, map[string]any{"role": "admin", "workspace_id": "default", "user_id": "admin"})
 	ta.ok(t, 403, "POST", "/keys", tn.w2Member, map[string]any{"role": "admin"})
 	ta.ok(t, 403, "POST", "/keys", tn.w2Member, map[string]any{"role": "member", "user_id": tn.adminUser})
