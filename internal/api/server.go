@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/accesslog"
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
 )
@@ -39,6 +40,11 @@ type Server struct {
 	// draining is closed (once, by drain) when the HTTP server shuts down.
 	draining  chan struct{}
 	drainOnce sync.Once
+	// ident serves workspaces, users, keys and the access audit; nil
+	// without WithIdentity, and then their routes do not exist.
+	ident Identity
+	// access records the access audit (access.go).
+	access accesslog.Recorder
 }
 
 // drain tells long-lived responses that the server is shutting down.
@@ -72,7 +78,7 @@ func WithExecOutputLimit(n int) Option {
 // which dataplane URLs are derived (no trailing slash).
 func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *slog.Logger, opts ...Option) *Server {
 	s := &Server{mgr: mgr, auth: a, images: images, publicURL: strings.TrimRight(publicURL, "/"), log: log, mux: http.NewServeMux(),
-		execOutputLimit: DefaultExecOutputLimit, draining: make(chan struct{})}
+		execOutputLimit: DefaultExecOutputLimit, draining: make(chan struct{}), access: accesslog.Discard{}}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -114,6 +120,7 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	s.handle("HEAD /dp/{id}/download", s.download)
 	s.registerProtocolRoutes()
 	s.registerBranchingRoutes()
+	s.registerTenancyRoutes()
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "runtime": mgr.Runtime(), "storage": mgr.StorageBackend()})
 	})
@@ -127,18 +134,20 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 // address goes to the gateway whatever its path.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.gw != nil && s.gw.OwnsHost(r.Host) {
-		s.gw.ServeHTTP(w, r)
+		s.audited(w, r, s.gw)
 		return
 	}
-	s.mux.ServeHTTP(w, r)
+	s.audited(w, r, s.mux)
 }
 
 // handle registers an authenticated handler: every API request must carry a
 // valid X-Api-Key; the principal it names is put in the request context.
 func (s *Server) handle(pattern string, h http.HandlerFunc) {
+	target := targetOf(pattern)
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		p, err := s.auth.Authenticate(r.Context(), r.Header.Get("X-Api-Key"))
+		note(r, target, p, err)
 		if err != nil {
 			writeError(r.Context(), w, err)
 			return

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
+	"github.com/cubicle-dev/cubicle/internal/identity"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/registry"
@@ -93,6 +94,24 @@ type Vault interface {
 	Delete(ctx context.Context, workspace, name string) error
 }
 
+// Identity manages workspaces, users and keys, and reads the access
+// audit, for the principal in ctx.
+type Identity interface {
+	CreateWorkspace(ctx context.Context, req protocol.CreateWorkspaceRequest) (*store.Workspace, error)
+	Workspaces(ctx context.Context) ([]*store.Workspace, error)
+	Workspace(ctx context.Context, ref string) (*store.Workspace, error)
+	DeleteWorkspace(ctx context.Context, ref string) error
+	CreateUser(ctx context.Context, req protocol.CreateUserRequest) (*store.User, error)
+	Users(ctx context.Context, workspace string) ([]*store.User, error)
+	User(ctx context.Context, workspace, id string) (*store.User, error)
+	DeleteUser(ctx context.Context, workspace, id string) error
+	CreateKey(ctx context.Context, req protocol.CreateKeyRequest) (*identity.NewKey, error)
+	Keys(ctx context.Context, workspace string) ([]*store.APIKey, error)
+	RevokeKey(ctx context.Context, workspace, id string) error
+	WhoAmI(ctx context.Context) (*identity.Me, error)
+	Access(ctx context.Context, q store.AccessQuery) ([]store.AccessRecord, error)
+}
+
 // EgressLogs reports a sandbox's egress decisions.
 type EgressLogs interface {
 	Log(id string) proxy.Report
@@ -106,4 +125,5 @@ var (
 	_ Registries    = (*registry.Service)(nil)
 	_ Vault         = (*secrets.Vault)(nil)
 	_ EgressLogs    = (*proxy.Service)(nil)
+	_ Identity      = (*identity.Service)(nil)
 )

@@ -31,6 +31,11 @@ func Main(args []string) int {
 		newDiffCmd(),
 		newInfoCmd(),
 		newPortForwardCmd(),
+		newWorkspaceCmd(),
+		newUserCmd(),
+		newKeyCmd(),
+		newWhoAmICmd(),
+		newAccessLogCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {

@@ -14,8 +14,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/accesslog"
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/identity"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/registry"
@@ -212,7 +214,12 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithExecOutputLimit(f.execOutputLimit))
+	// The access audit is flushed after the API stops (this defer runs
+	// before st.Close); a kill -9 loses at most its last flush interval.
+	access := accesslog.New(st, log)
+	defer access.Close()
+	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithExecOutputLimit(f.execOutputLimit),
+		api.WithIdentity(identity.New(st, authn, access)), api.WithAccessLog(access))
 	handler.EnableRegistries(registries)
 	handler.EnableEgress(vault, egress)
 	// No RLIMIT_NOFILE code here: the Go runtime already raises the soft

@@ -72,18 +72,16 @@ func TestRunConfigStoredOnce(t *testing.T) {
 func TestInlineRunConfigSurvivesMigration(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "c.db")
-	st := openTest(t, path)
-	// Roll the fresh database back to schema 4 and write a row as schema 4 did.
-	for _, q := range []string{`DROP TABLE run_configs`, `ALTER TABLE snapshots DROP COLUMN run_config_id`, `PRAGMA user_version = 4`,
-		`INSERT INTO workspaces(id, name, created_at) VALUES('w','w','2026-01-01T00:00:00Z')`,
+	db := openAtVersion(t, path, 4)
+	for _, q := range []string{`INSERT INTO workspaces(id, name, created_at) VALUES('w','w','2026-01-01T00:00:00Z')`,
 		`INSERT INTO snapshots(id, workspace_id, created_by, name, status, fs_capacity_bytes, run_config, created_at, updated_at)
 			VALUES('old','w','u','old','ready',1,'{"user":"legacy"}','2026-01-01T00:00:00Z','2026-01-01T00:00:00Z')`} {
-		if _, err := st.db.ExecContext(ctx, q); err != nil {
+		if _, err := db.ExecContext(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
 	}
-	st.Close()
-	st = openTest(t, path)
+	db.Close()
+	st := openTest(t, path)
 	got, err := st.GetSnapshot(ctx, "w", "old")
 	if err != nil || got.RunConfig.User != "legacy" {
 		t.Fatalf("migrated snapshot: %+v, %v", got, err)

@@ -108,6 +108,47 @@ var migrations = []string{
 		body TEXT NOT NULL
 	);
 	ALTER TABLE snapshots ADD COLUMN run_config_id TEXT NOT NULL DEFAULT '';`,
+	// 6: identity (users; named, prefixed, expiring, revocable keys; the
+	// instance-admin flag) and the access audit. Keys made before users
+	// existed named a user by a free string: that string becomes the id
+	// of a user row in the key's workspace, so sandboxes' created_by
+	// still names the same user. The bootstrap key (user "admin" of the
+	// default workspace) becomes the instance admin.
+	`CREATE TABLE users (
+		id TEXT NOT NULL,
+		workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+		name TEXT NOT NULL,
+		email TEXT,
+		created_at TEXT NOT NULL,
+		deleted_at TEXT,
+		PRIMARY KEY (workspace_id, id)
+	);
+	INSERT INTO users(id, workspace_id, name, created_at)
+		SELECT user, workspace_id, user, MIN(created_at) FROM api_keys GROUP BY workspace_id, user;
+	ALTER TABLE api_keys ADD COLUMN name TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN prefix TEXT NOT NULL DEFAULT '';
+	ALTER TABLE api_keys ADD COLUMN expires_at TEXT;
+	ALTER TABLE api_keys ADD COLUMN revoked_at TEXT;
+	ALTER TABLE api_keys ADD COLUMN instance_admin INTEGER NOT NULL DEFAULT 0;
+	UPDATE api_keys SET instance_admin = 1 WHERE workspace_id = 'default' AND user = 'admin' AND role = 'admin';
+	CREATE INDEX api_keys_user ON api_keys(workspace_id, user);
+	CREATE TABLE access_audit (
+		seq INTEGER PRIMARY KEY AUTOINCREMENT,
+		at TEXT NOT NULL,
+		workspace_id TEXT NOT NULL,
+		user_id TEXT NOT NULL,
+		key_prefix TEXT NOT NULL,
+		action TEXT NOT NULL,
+		method TEXT NOT NULL,
+		route TEXT NOT NULL,
+		resource_kind TEXT NOT NULL,
+		resource TEXT NOT NULL,
+		sandbox TEXT NOT NULL,
+		status INTEGER NOT NULL,
+		remote TEXT NOT NULL,
+		request_id TEXT NOT NULL
+	);
+	CREATE INDEX access_audit_ws ON access_audit(workspace_id, seq);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -171,54 +212,6 @@ func parseTime(v string) time.Time {
 
 func isUnique(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
-}
-
-// EnsureWorkspace inserts w unless a workspace with its id exists.
-func (s *SQLite) EnsureWorkspace(ctx context.Context, w Workspace) error {
-	_, err := s.db.ExecContext(ctx, `INSERT OR IGNORE INTO workspaces(id, name, created_at) VALUES(?,?,?)`,
-		w.ID, w.Name, fmtTime(w.CreatedAt))
-	if err != nil {
-		return fmt.Errorf("insert workspace %s: %w", w.ID, err)
-	}
-	return nil
-}
-
-// PutAPIKey stores a key record.
-func (s *SQLite) PutAPIKey(ctx context.Context, k APIKey) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO api_keys(id, workspace_id, user, role, hash, created_at) VALUES(?,?,?,?,?,?)`,
-		k.ID, k.WorkspaceID, k.User, k.Role, k.Hash, fmtTime(k.CreatedAt))
-	if isUnique(err) {
-		return fmt.Errorf("insert api key: %w", errdefs.ErrConflict)
-	}
-	if err != nil {
-		return fmt.Errorf("insert api key: %w", err)
-	}
-	return nil
-}
-
-// APIKeyByHash finds the key whose secret hashes to hash.
-func (s *SQLite) APIKeyByHash(ctx context.Context, hash string) (*APIKey, error) {
-	var k APIKey
-	var created string
-	err := s.db.QueryRowContext(ctx, `SELECT id, workspace_id, user, role, hash, created_at FROM api_keys WHERE hash = ?`, hash).
-		Scan(&k.ID, &k.WorkspaceID, &k.User, &k.Role, &k.Hash, &created)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("api key: %w", errdefs.ErrNotFound)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("look up api key: %w", err)
-	}
-	k.CreatedAt = parseTime(created)
-	return &k, nil
-}
-
-// CountAPIKeys counts stored keys (zero means a fresh install).
-func (s *SQLite) CountAPIKeys(ctx context.Context) (int, error) {
-	var n int
-	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM api_keys`).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count api keys: %w", err)
-	}
-	return n, nil
 }
 
 const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config`

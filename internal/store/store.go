@@ -27,14 +27,81 @@ const (
 	RoleMember = "member"
 )
 
-// APIKey is a stored key. Only a hash of the secret is kept.
+// APIKey is a stored key. Only a hash of the secret is kept; Prefix (the
+// key's first KeyPrefixLen characters) names it in logs without revealing
+// it, and is empty for keys made before prefixes were kept.
 type APIKey struct {
 	ID          string
 	WorkspaceID string
-	User        string
-	Role        string
-	Hash        string
+	// User is the id of the key's user in WorkspaceID.
+	User      string
+	Role      string
+	Hash      string
+	Name      string
+	Prefix    string
+	CreatedAt time.Time
+	// ExpiresAt is when the key stops working; nil: never.
+	ExpiresAt *time.Time
+	// RevokedAt is when the key was revoked; nil: it was not.
+	RevokedAt *time.Time
+	// InstanceAdmin marks the bootstrap key, which manages workspaces.
+	InstanceAdmin bool
+}
+
+// KeyPrefixLen is how much of a key its Prefix keeps: "cbk_" and 8 hex
+// digits, 32 bits of the 256 — enough to tell keys apart, far too few to
+// guess the rest.
+const KeyPrefixLen = 12
+
+// User is a person or agent of a workspace; API keys act as a user, and
+// records name their creator by user id. Ids are unique within a
+// workspace (users from before user records have their old user string
+// as id). A deleted user keeps its row (DeletedAt set) so records it
+// created still name someone; its keys are revoked.
+type User struct {
+	ID          string
+	WorkspaceID string
+	Name        string
+	Email       string
 	CreatedAt   time.Time
+	DeletedAt   *time.Time
+}
+
+// AccessRecord is one entry of the access audit: who (workspace, user,
+// key prefix) did what (method, route pattern, resource, or an Action such
+// as "key.create") when, from where, with what outcome. It never holds a
+// key, a secret value, a query value or a request body.
+type AccessRecord struct {
+	// Seq orders records; it is assigned by the store.
+	Seq          int64
+	Time         time.Time
+	WorkspaceID  string
+	UserID       string
+	KeyPrefix    string
+	Action       string
+	Method       string
+	Route        string
+	ResourceKind string
+	Resource     string
+	// Sandbox is the sandbox named in the request path (a name on the
+	// control plane, an id on the dataplane), if any.
+	Sandbox   string
+	Status    int
+	Remote    string
+	RequestID string
+}
+
+// AccessQuery selects access records: those after cursor After (a Seq),
+// at or after Since, oldest first.
+type AccessQuery struct {
+	// WorkspaceID "" selects every workspace.
+	WorkspaceID string
+	// Sandboxes, when set, keeps records naming any of them.
+	Sandboxes []string
+	User      string
+	Since     time.Time
+	After     int64
+	Limit     int
 }
 
 // Snapshot is a bootable root filesystem: an ordered set of read-only layer
@@ -130,6 +197,35 @@ type Store interface {
 	PutAPIKey(ctx context.Context, k APIKey) error
 	APIKeyByHash(ctx context.Context, hash string) (*APIKey, error)
 	CountAPIKeys(ctx context.Context) (int, error)
+	// GetAPIKey returns key id of workspaceID (revoked or not).
+	GetAPIKey(ctx context.Context, workspaceID, id string) (*APIKey, error)
+	// ListAPIKeys lists workspaceID's keys, of user only when user is set.
+	ListAPIKeys(ctx context.Context, workspaceID, user string) ([]*APIKey, error)
+	// RevokeAPIKey marks key id revoked at at (once; later calls keep the
+	// first time).
+	RevokeAPIKey(ctx context.Context, workspaceID, id string, at time.Time) error
+
+	// CreateWorkspace inserts w; a name already used wraps ErrConflict.
+	CreateWorkspace(ctx context.Context, w Workspace) error
+	// GetWorkspace returns the workspace whose id, else name, is ref.
+	GetWorkspace(ctx context.Context, ref string) (*Workspace, error)
+	ListWorkspaces(ctx context.Context) ([]*Workspace, error)
+	// DeleteWorkspace removes workspace id with its users, keys and
+	// registries. While it has sandboxes or snapshots, or holds an
+	// instance-admin key, it refuses with ErrConflict.
+	DeleteWorkspace(ctx context.Context, id string) error
+
+	CreateUser(ctx context.Context, u *User) error
+	// GetUser returns a live (not deleted) user.
+	GetUser(ctx context.Context, workspaceID, id string) (*User, error)
+	// ListUsers lists workspaceID's live users, oldest first.
+	ListUsers(ctx context.Context, workspaceID string) ([]*User, error)
+	// DeleteUser marks user id deleted and revokes its keys, at once.
+	DeleteUser(ctx context.Context, workspaceID, id string, at time.Time) error
+
+	// AppendAccess stores access records in one transaction.
+	AppendAccess(ctx context.Context, recs []AccessRecord) error
+	ListAccess(ctx context.Context, q AccessQuery) ([]AccessRecord, error)
 
 	CreateSnapshot(ctx context.Context, s *Snapshot) error
 	UpdateSnapshot(ctx context.Context, s *Snapshot) error
