@@ -310,8 +310,8 @@ func (f *fakeSandboxes) ListStats(ctx context.Context) ([]protocol.SandboxStats,
 	}
 	return out, nil
 }
-func (f *fakeSandboxes) Runtime() string                              { return "fake-runtime" }
-func (f *fakeSandboxes) StorageBackend() string                       { return "fake-storage" }
+func (f *fakeSandboxes) Runtime() string        { return "fake-runtime" }
+func (f *fakeSandboxes) StorageBackend() string { return "fake-storage" }
 
 // fakeImages is an image store with fixed contents.
 type fakeImages struct {
