@@ -68,6 +68,8 @@ type daemon struct {
 	logs     *syncBuffer
 	// extraArgs are appended to `cubicle serve` (see startDaemonArgs).
 	extraArgs []string
+	// extraEnv is added to the daemon's environment (see startDaemonEnv).
+	extraEnv []string
 }
 
 type syncBuffer struct {
@@ -105,10 +107,16 @@ func startDaemon(t testing.TB, runtime, dataDir string) *daemon {
 
 // startDaemonArgs is startDaemon with extra `cubicle serve` flags.
 func startDaemonArgs(t testing.TB, runtime, dataDir string, extra ...string) *daemon {
+	return startDaemonEnv(t, runtime, dataDir, nil, extra...)
+}
+
+// startDaemonEnv is startDaemonArgs with extra environment variables
+// (NAME=value) for the daemon.
+func startDaemonEnv(t testing.TB, runtime, dataDir string, env []string, extra ...string) *daemon {
 	if dataDir == "" {
 		dataDir = t.TempDir()
 	}
-	d := &daemon{t: t, runtime: runtime, dataDir: dataDir, listen: freePort(t), extraArgs: extra}
+	d := &daemon{t: t, runtime: runtime, dataDir: dataDir, listen: freePort(t), extraArgs: extra, extraEnv: env}
 	d.start()
 	t.Cleanup(func() {
 		if d.cmd == nil {
@@ -138,7 +146,7 @@ func (d *daemon) start() {
 	d.logs = &syncBuffer{}
 	args := []string{"serve", "--listen", d.listen, "--data-dir", d.dataDir, "--runtime", d.runtime, "--runsc", runsc}
 	d.cmd = exec.Command(bin, append(args, d.extraArgs...)...)
-	d.cmd.Env = append(os.Environ(), "CUBICLE_BOOTSTRAP_API_KEY="+testKey)
+	d.cmd.Env = append(append(os.Environ(), "CUBICLE_BOOTSTRAP_API_KEY="+testKey), d.extraEnv...)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {
