@@ -162,7 +162,7 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	images, err := image.NewStore(filepath.Join(f.dataDir, "images"), image.WithInsecureRegistries(f.insecureRegistries),
-		image.WithLogger(log), image.WithLimits(limits))
+		image.WithLogger(log), image.WithLimits(limits), image.WithPullMeter(tel))
 	if err != nil {
 		return err
 	}
