@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httputil"
+	"sync/atomic"
 	"time"
 )
 
@@ -104,7 +106,42 @@ func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "cubicle egress proxy: "+err.Error(), status)
 		},
 	}
-	rp.ServeHTTP(w, r)
+	cw := &countingWriter{ResponseWriter: w}
+	// The transport may still be reading the body when ServeHTTP returns
+	// (an upstream that answered early): count it atomically.
+	var up atomic.Int64
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &countingBody{ReadCloser: r.Body, n: &up}
+	}
+	rp.ServeHTTP(cw, r)
+	s.cfg.Meter.EgressBytes(up.Load(), cw.n)
+}
+
+// countingWriter counts the response body bytes relayed to the sandbox.
+// Unwrap lets ReverseProxy's ResponseController reach the Flusher.
+type countingWriter struct {
+	http.ResponseWriter
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// countingBody counts the request body bytes relayed upstream.
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // headerValue resolves a rule header's value. Secrets are read per request
