@@ -138,24 +138,32 @@ func TestTelemetry(t *testing.T) {
 	recv := &otlpReceiver{}
 	otlp := httptest.NewServer(recv)
 	defer otlp.Close()
+	in := newInternet(t)
 	metricsAddr := freePort(t)
 	d := startDaemonEnv(t, "namespace", "", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + otlp.URL, "OTEL_BSP_SCHEDULE_DELAY=100"},
-		"--metrics-listen", metricsAddr)
+		"--metrics-listen", metricsAddr, "--egress-resolve", "allowed.test="+in.addr(0), "--egress-resolve", "denied.test="+in.addr(1))
 	sn := readySnapshot(t, d.Client, "tele", testImage(t))
 
 	const createTrace, execTrace = "4bf92f3577b34da6a3ce929d0e0e4736", "5cf92f3577b34da6a3ce929d0e0e4737"
 	code, body := tracedRequest(t, "POST", d.Endpoint+"/v2/sandboxes/boxes", createTrace,
-		protocol.CreateSandboxRequest{SnapshotID: sn.ID, Name: "tele-box", Timeout: int64p(90)})
+		protocol.CreateSandboxRequest{SnapshotID: sn.ID, Name: "tele-box", Timeout: int64p(90),
+			ProxyConfig: json.RawMessage(`{"access_control":{"allow_list":["allowed.test"]}}`)})
 	var sb protocol.Sandbox
 	if err := json.Unmarshal(body, &sb); code != 201 || err != nil || sb.Status != protocol.StatusReady {
 		t.Fatalf("create: %d %s", code, body)
 	}
-	// One command over the HTTP dataplane (traced), one over WebSocket.
+	// Commands over the HTTP dataplane (traced) and over WebSocket: the
+	// upload's chmod, two egress requests (one allowed, one denied) and
+	// some CPU work.
 	code, body = tracedRequest(t, "POST", d.Endpoint+"/dp/"+sb.ID+"/execute", execTrace, protocol.ExecuteRequest{Command: "echo hi"})
 	if code != 200 || !strings.Contains(string(body), "hi") {
 		t.Fatalf("execute: %d %s", code, body)
 	}
+	(&egressEnv{d: d, in: in}).upload(t, sb.Name)
+	allowed(t, d.Client, sb.Name, wgetName("allowed.test", in.addr(0)), "host=allowed.test")
+	deniedFast(t, d.Client, sb.Name, wgetName("denied.test", in.addr(1)), "403")
 	mustRun(t, d.Client, sb.Name, "head -c 1000000 /dev/zero | md5sum >/dev/null")
+	const commands = 5
 
 	t.Run("metrics", func(t *testing.T) {
 		if code, _ := scrape(t, d.Endpoint+"/metrics", ""); code != http.StatusUnauthorized {
@@ -175,11 +183,19 @@ func TestTelemetry(t *testing.T) {
 		for _, m := range fams["cubicle_exec_total"].GetMetric() {
 			execs += m.GetCounter().GetValue()
 		}
-		if execs != 2 {
-			t.Errorf("cubicle_exec_total = %v, want 2", execs)
+		if execs != commands {
+			t.Errorf("cubicle_exec_total = %v, want %d", execs, commands)
 		}
-		if m := sample(fams, "cubicle_exec_duration_seconds", map[string]string{"transport": "ws"}); m.GetHistogram().GetSampleCount() != 1 {
-			t.Errorf("ws exec duration count = %v, want 1", m.GetHistogram().GetSampleCount())
+		if m := sample(fams, "cubicle_exec_duration_seconds", map[string]string{"transport": "ws"}); m.GetHistogram().GetSampleCount() != commands-1 {
+			t.Errorf("ws exec duration count = %v, want %d", m.GetHistogram().GetSampleCount(), commands-1)
+		}
+		for verdict, want := range map[string]float64{"allowed": 1, "denied": 1} {
+			if m := sample(fams, "cubicle_egress_requests_total", map[string]string{"kind": "http", "verdict": verdict}); m.GetCounter().GetValue() != want {
+				t.Errorf("egress http %s = %v, want %v", verdict, m.GetCounter().GetValue(), want)
+			}
+		}
+		if m := sample(fams, "cubicle_egress_bytes_total", map[string]string{"direction": "down"}); m.GetCounter().GetValue() <= 0 {
+			t.Errorf("egress bytes down = %v, want > 0", m.GetCounter().GetValue())
 		}
 		if m := sample(fams, "cubicle_sandboxes", map[string]string{"state": "ready", "runtime": "namespace"}); m.GetGauge().GetValue() != 1 {
 			t.Errorf("cubicle_sandboxes{state=ready} = %v, want 1", m.GetGauge().GetValue())
