@@ -10,6 +10,7 @@ import (
 
 // meterRecorder is a Meter that records what it is told.
 type meterRecorder struct {
+	nopMeter // no spans
 	mu       sync.Mutex
 	verdicts map[string]int
 	up, down int64

@@ -99,6 +99,9 @@ type Meter interface {
 	Egress(kind string, allowed bool)
 	// EgressBytes counts bytes relayed up (from the sandbox) and down.
 	EgressBytes(up, down int64)
+	// Request starts the span of one HTTP request of sandbox id to host
+	// (continuing a trace its headers carry); end gets its status.
+	Request(ctx context.Context, h http.Header, id, method, host string) (_ context.Context, end func(status int))
 }
 
 // nopMeter is the Meter of a Config without one.
@@ -106,6 +109,9 @@ type nopMeter struct{}
 
 func (nopMeter) Egress(string, bool)      {}
 func (nopMeter) EgressBytes(int64, int64) {}
+func (nopMeter) Request(ctx context.Context, _ http.Header, _, _, _ string) (context.Context, func(int)) {
+	return ctx, func(int) {}
+}
 
 // Service is the running proxy. Safe for concurrent use.
 type Service struct {

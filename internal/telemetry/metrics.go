@@ -2,11 +2,13 @@ package telemetry
 
 import (
 	"context"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -117,6 +119,22 @@ func (t *Telemetry) Egress(kind string, allowed bool) {
 func (t *Telemetry) EgressBytes(up, down int64) {
 	t.m.egressBytes.WithLabelValues("up").Add(float64(up))
 	t.m.egressBytes.WithLabelValues("down").Add(float64(down))
+}
+
+// Request implements proxy.Meter: a span for one egress HTTP request of
+// sandbox id, continuing the trace of a traceparent the sandbox sent (so
+// an agent's own trace shows its outbound calls).
+func (t *Telemetry) Request(ctx context.Context, h http.Header, id, method, host string) (context.Context, func(int)) {
+	ctx = t.prop.Extract(ctx, propagation.HeaderCarrier(h))
+	ctx, span := t.tracer.Start(ctx, "egress "+method, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(AttrSandbox.String(id), attribute.String("server.address", host), attribute.String("http.request.method", method)))
+	return ctx, func(status int) {
+		span.SetAttributes(attribute.Int("http.response.status_code", status))
+		if status >= 400 {
+			span.SetStatus(codes.Error, http.StatusText(status))
+		}
+		span.End()
+	}
 }
 
 // ImagePull counts one image pull of bytes layer bytes ending with err.
