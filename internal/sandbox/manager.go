@@ -11,7 +11,10 @@
 // leaves nothing behind. The seams it calls are declared in deps.go
 // (Storage, Network), runtime.Driver and Egress; sandboxtest fakes them
 // all, so the package's tests run without root. The manager knows nothing
-// of HTTP; internal/api translates its typed errors.
+// of HTTP; internal/api translates its typed errors. Nor does it know
+// metrics or tracing: timed operations and boot phases go to the Observer
+// of observe.go, and resource use (stats.go) comes from the driver's
+// runtime.Meter, the network's counters and the storage's usage.
 package sandbox
 
 import (

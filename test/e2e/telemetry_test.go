@@ -132,15 +132,22 @@ next:
 	return nil
 }
 
-// TestTelemetry drives one sandbox through the real daemon and checks
-// what /metrics (both listeners) and the OTLP traces say about it.
+// TestTelemetry drives one sandbox through the real daemon, per runtime,
+// and checks what /metrics (both listeners), the stats API and CLI, and
+// the OTLP traces say about it.
 func TestTelemetry(t *testing.T) {
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) { testTelemetry(t, rt) })
+	}
+}
+
+func testTelemetry(t *testing.T, rt string) {
 	recv := &otlpReceiver{}
 	otlp := httptest.NewServer(recv)
 	defer otlp.Close()
 	in := newInternet(t)
 	metricsAddr := freePort(t)
-	d := startDaemonEnv(t, "namespace", "", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + otlp.URL, "OTEL_BSP_SCHEDULE_DELAY=100"},
+	d := startDaemonEnv(t, rt, "", []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + otlp.URL, "OTEL_BSP_SCHEDULE_DELAY=100"},
 		"--metrics-listen", metricsAddr, "--egress-resolve", "allowed.test="+in.addr(0), "--egress-resolve", "denied.test="+in.addr(1))
 	sn := readySnapshot(t, d.Client, "tele", testImage(t))
 
@@ -197,7 +204,7 @@ func TestTelemetry(t *testing.T) {
 		if m := sample(fams, "cubicle_egress_bytes_total", map[string]string{"direction": "down"}); m.GetCounter().GetValue() <= 0 {
 			t.Errorf("egress bytes down = %v, want > 0", m.GetCounter().GetValue())
 		}
-		if m := sample(fams, "cubicle_sandboxes", map[string]string{"state": "ready", "runtime": "namespace"}); m.GetGauge().GetValue() != 1 {
+		if m := sample(fams, "cubicle_sandboxes", map[string]string{"state": "ready", "runtime": rt}); m.GetGauge().GetValue() != 1 {
 			t.Errorf("cubicle_sandboxes{state=ready} = %v, want 1", m.GetGauge().GetValue())
 		}
 		for _, phase := range []string{"rootfs", "network", "driver", "agent", "total"} {
