@@ -112,7 +112,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		return err
 	}
 	undo.Release()
-	m.log.Info("sandbox ready", append([]any{"sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(),
+	m.log.InfoContext(ctx, "sandbox ready", append([]any{"sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(),
 		"restored", inst.restored, "boot", time.Since(start)}, m.observePhases(ctx, op, inst.phases)...)...)
 	return nil
 }

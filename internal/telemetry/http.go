@@ -109,7 +109,8 @@ func (t *Telemetry) Middleware(route string, next http.Handler) http.Handler {
 }
 
 // LogHandler wraps h so every record logged with a request's context
-// carries its request_id and, once known, its sandbox.
+// carries its request_id and, once known, its sandbox (unless the record
+// names one itself).
 func LogHandler(h slog.Handler) slog.Handler { return logHandler{h} }
 
 type logHandler struct{ slog.Handler }
@@ -117,11 +118,21 @@ type logHandler struct{ slog.Handler }
 func (l logHandler) Handle(ctx context.Context, r slog.Record) error {
 	if ri := infoFrom(ctx); ri != nil {
 		r.AddAttrs(slog.String("request_id", ri.id))
-		if sb := ri.sandbox.Load(); sb != nil {
+		if sb := ri.sandbox.Load(); sb != nil && !hasAttr(r, "sandbox") {
 			r.AddAttrs(slog.String("sandbox", *sb))
 		}
 	}
 	return l.Handler.Handle(ctx, r)
+}
+
+// hasAttr reports whether r already has a top-level attribute key.
+func hasAttr(r slog.Record, key string) bool {
+	found := false
+	r.Attrs(func(a slog.Attr) bool {
+		found = a.Key == key
+		return !found
+	})
+	return found
 }
 
 func (l logHandler) WithAttrs(as []slog.Attr) slog.Handler {

@@ -163,14 +163,19 @@ func TestLogsCarryRequestAndSandbox(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.Handle("POST /dp/{id}/execute", tel.Middleware("POST /dp/{id}/execute", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		log.InfoContext(r.Context(), "in handler")
+		log.InfoContext(r.Context(), "names its own", "sandbox", "other")
 		w.WriteHeader(http.StatusTeapot)
 	})))
 	req := httptest.NewRequest("POST", "/dp/sb-42/execute", nil)
 	req.Header.Set(RequestIDHeader, "req-7")
 	rec := httptest.NewRecorder()
 	mux.ServeHTTP(rec, req)
-	if !strings.Contains(buf.String(), "request_id=req-7") || !strings.Contains(buf.String(), "sandbox=sb-42") {
-		t.Errorf("log line %q lacks the request and sandbox ids", buf.String())
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 2 || !strings.Contains(lines[0], "request_id=req-7") || !strings.Contains(lines[0], "sandbox=sb-42") {
+		t.Fatalf("log %q: first line lacks the request and sandbox ids", buf.String())
+	}
+	if strings.Count(lines[1], "sandbox=") != 1 || !strings.Contains(lines[1], "sandbox=other") {
+		t.Errorf("a record naming its own sandbox got %q", lines[1])
 	}
 	if got := values(gather(t, tel), "cubicle_http_requests_total"); got["code=418,route=POST /dp/{id}/execute"] != 1 {
 		t.Errorf("requests = %v, want one 418", got)
