@@ -1,12 +1,15 @@
 package api
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/telemetry"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -48,6 +51,22 @@ func TestMetricsNeedAnAdminKey(t *testing.T) {
 		if got[k] != want {
 			t.Errorf("cubicle_http_requests_total{%s} = %v, want %v (all: %v)", k, got[k], want, got)
 		}
+	}
+}
+
+// instanceAuth authenticates every key as an instance admin without the
+// admin role in its workspace.
+type instanceAuth struct{}
+
+func (instanceAuth) Authenticate(context.Context, string) (auth.Principal, error) {
+	return auth.Principal{WorkspaceID: "w1", User: "root", Role: store.RoleMember, InstanceAdmin: true}, nil
+}
+
+func TestMetricsAdmitTheInstanceAdmin(t *testing.T) {
+	ta := newTestAPI(t, false)
+	ta.srv = New(ta.mgr, instanceAuth{}, ta.images, "http://api.test/", slog.New(slog.DiscardHandler))
+	if code, _ := ta.do(t, "GET", "/metrics", "any", nil); code != http.StatusOK {
+		t.Fatalf("GET /metrics as the instance admin: %d, want 200", code)
 	}
 }
 
