@@ -48,6 +48,8 @@ type Sandboxes interface {
 	Dataplane(ctx context.Context, id string) (*sandbox.Conn, error)
 	GrantDataplane(ctx context.Context, workspaceID, id string) (*sandbox.Conn, error)
 	StatusMessage(ctx context.Context, id string) string
+	Stats(ctx context.Context, name string) (*protocol.SandboxStats, error)
+	ListStats(ctx context.Context) ([]protocol.SandboxStats, error)
 
 	Runtime() string
 	StorageBackend() string

@@ -28,6 +28,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/secrets"
 	"github.com/cubicle-dev/cubicle/internal/storage"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/telemetry"
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 )
@@ -51,6 +52,7 @@ type serveFlags struct {
 	conns              api.ConnLimits
 	imageMaxBytes      string
 	layerMaxBytes      string
+	metricsListen      string
 }
 
 // imageLimits parses the image size caps ("" is 0: the store's default).
@@ -103,6 +105,8 @@ func newServeCmd() *cobra.Command {
 	fl.StringVar(&f.imageMaxBytes, "image-max-bytes", "", "cap on what one image pull or load unpacks to, e.g. 20GiB (default: half the image store's free space at pull time)")
 	fl.StringVar(&f.layerMaxBytes, "image-layer-max-bytes", "", "cap on one unpacked image layer (default: the image cap)")
 	fl.BoolVar(&f.debug, "debug", false, "log every request")
+	fl.StringVar(&f.metricsListen, "metrics-listen", "",
+		"also serve /metrics here without authentication, for a private scrape network (the API's /metrics needs an admin key)")
 	fl.StringVar(&f.serviceDomain, "service-domain", os.Getenv("CUBICLE_SERVICE_DOMAIN"),
 		"domain for host-form service URLs <name>--<port>.<domain> (wildcard DNS to this daemon); unset: path form only (env CUBICLE_SERVICE_DOMAIN)")
 	fl.StringVar(&f.signingKey, "signing-key", "", "hex key file signing service tokens and download links, created 0600 if missing (default <data-dir>/signing.key)")
@@ -129,16 +133,29 @@ func serve(ctx context.Context, f serveFlags) error {
 	if f.debug {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(telemetry.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
 	slog.SetDefault(log)
+	tel, err := telemetry.New(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(ctx); err != nil {
+			log.Warn("flush traces", "err", err)
+		}
+	}()
 	if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
-	st, err := store.OpenSQLite(ctx, filepath.Join(f.dataDir, "cubicle.db"))
+	dbPath := filepath.Join(f.dataDir, "cubicle.db")
+	st, err := store.OpenSQLite(ctx, dbPath)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	tel.WatchStoreFile(dbPath)
 	if err := bootstrapKey(ctx, st, f.dataDir); err != nil {
 		return err
 	}
@@ -147,7 +164,7 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	images, err := image.NewStore(filepath.Join(f.dataDir, "images"), image.WithInsecureRegistries(f.insecureRegistries),
-		image.WithLogger(log), image.WithLimits(limits))
+		image.WithLogger(log), image.WithLimits(limits), image.WithPullMeter(tel))
 	if err != nil {
 		return err
 	}
@@ -180,13 +197,13 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	registries := registry.New(st, box)
-	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, log)
+	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, tel, log)
 	if err != nil {
 		return err
 	}
 	defer egress.Close()
 	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
-		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress})
+		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Observer: tel})
 	if err != nil {
 		return err
 	}
@@ -196,6 +213,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
+	tel.WatchSandboxes(mgr.Census)
 	if inUse, err := mgr.LayersInUse(ctx); err != nil {
 		return err
 	} else if _, err := images.GC(ctx, inUse); err != nil {
@@ -219,7 +237,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	access := accesslog.New(st, log)
 	defer access.Close()
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithExecOutputLimit(f.execOutputLimit),
-		api.WithIdentity(identity.New(st, authn, access)), api.WithAccessLog(access))
+		api.WithIdentity(identity.New(st, authn, access)), api.WithAccessLog(access), api.WithTelemetry(tel))
 	handler.EnableRegistries(registries)
 	handler.EnableEgress(vault, egress)
 	// No RLIMIT_NOFILE code here: the Go runtime already raises the soft
@@ -230,8 +248,15 @@ func serve(ctx context.Context, f serveFlags) error {
 	mgr.StartReaper(ctx)
 	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir,
 		"max_conns_per_client", f.conns.MaxConnsPerClient)
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(api.LimitListener(ln, f.conns.MaxConnsPerClient, log)) }()
+	if f.metricsListen != "" {
+		msrv, err := serveMetrics(f.metricsListen, tel, f.conns, log, errc)
+		if err != nil {
+			return err
+		}
+		defer msrv.Close()
+	}
 	select {
 	case err := <-errc:
 		return err
@@ -244,6 +269,21 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	return nil
+}
+
+// serveMetrics serves tel's metrics, unauthenticated, at GET /metrics on
+// addr (--metrics-listen); Serve's error goes to errc.
+func serveMetrics(addr string, tel *telemetry.Telemetry, conns api.ConnLimits, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s (--metrics-listen): %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", tel.MetricsHandler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: conns.HeaderTimeout, IdleTimeout: conns.IdleTimeout}
+	log.Info("serving metrics", "listen", ln.Addr().String())
+	go func() { errc <- srv.Serve(ln) }()
+	return srv, nil
 }
 
 func newDriver(f serveFlags) (runtime.Driver, error) {

@@ -43,7 +43,10 @@ func (m *Manager) CaptureSnapshot(ctx context.Context, name string, req protocol
 		return nil, err
 	}
 	defer unlock()
-	return m.capture(ctx, p.WorkspaceID, p.User, sb, req)
+	ctx, end := m.cfg.Observer.Begin(ctx, OpCapture, sb.ID)
+	v, err := m.capture(ctx, p.WorkspaceID, p.User, sb, req)
+	end(err)
+	return v, err
 }
 
 func validateCaptureRequest(req protocol.CaptureSnapshotRequest, lim LimitPolicy) error {

@@ -31,7 +31,7 @@ type ForkResult struct {
 // processes, keeping their hostname and machine-id.
 // It returns when every branch is ready; branches that failed to boot are
 // deleted and reported in the error, the others are kept and returned.
-func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkRequest) (*ForkResult, error) {
+func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkRequest) (_ *ForkResult, err error) {
 	if req.Count < 1 || req.Count > MaxForkCount {
 		return nil, errdefs.Field("count", "must be between 1 and %d", MaxForkCount)
 	}
@@ -47,6 +47,8 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 	if err != nil {
 		return nil, err
 	}
+	ctx, end := m.cfg.Observer.Begin(ctx, OpFork, parent.ID)
+	defer func() { end(err) }()
 	// Branches inherit the parent's egress policy through the capture;
 	// check the caller may hold it before capturing anything.
 	if err := m.validateEgress(ctx, parent.ProxyConfig); err != nil {

@@ -11,7 +11,10 @@
 // leaves nothing behind. The seams it calls are declared in deps.go
 // (Storage, Network), runtime.Driver and Egress; sandboxtest fakes them
 // all, so the package's tests run without root. The manager knows nothing
-// of HTTP; internal/api translates its typed errors.
+// of HTTP; internal/api translates its typed errors. Nor does it know
+// metrics or tracing: timed operations and boot phases go to the Observer
+// of observe.go, and resource use (stats.go) comes from the driver's
+// runtime.Meter, the network's counters and the storage's usage.
 package sandbox
 
 import (
@@ -77,6 +80,9 @@ type Config struct {
 	// delete_after_stop_seconds must be a multiple of: 60 s, as the protocol
 	// says. Tests lower it (e.g. to 1 s) to exercise TTLs quickly.
 	TTLGranularity time.Duration
+	// Observer sees create, start, stop, capture and fork with their
+	// phases (observe.go); nil observes nothing.
+	Observer Observer
 }
 
 // LimitPolicy holds defaults and maxima for sandbox resources.
@@ -137,6 +143,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.TTLGranularity <= 0 {
 		cfg.TTLGranularity = time.Minute
+	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
 	}
 	if cfg.AgentPort == 0 {
 		cfg.AgentPort = agent.Port

@@ -178,7 +178,9 @@ func (m *Manager) StopSandbox(ctx context.Context, name string) (*store.Sandbox,
 
 // halt stops sb's processes and network, unmounts its rootfs and records it
 // stopped with msg as its status message. Callers hold sb's lock.
-func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) error {
+func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) (err error) {
+	ctx, end := m.cfg.Observer.Begin(ctx, OpStop, sb.ID)
+	defer func() { end(err) }()
 	rid := runtimeID(sb.ID)
 	m.setAgent(sb.ID, nil)
 	if err := m.cfg.Driver.Stop(ctx, rid); err != nil {
