@@ -108,6 +108,16 @@ var migrations = []string{
 		body TEXT NOT NULL
 	);
 	ALTER TABLE snapshots ADD COLUMN run_config_id TEXT NOT NULL DEFAULT '';`,
+	// 6: per-workspace quotas (NULL: unlimited).
+	`CREATE TABLE quotas (
+		workspace_id TEXT PRIMARY KEY REFERENCES workspaces(id),
+		max_sandboxes INTEGER,
+		max_vcpus INTEGER,
+		max_mem_bytes INTEGER,
+		max_storage_bytes INTEGER,
+		max_snapshots INTEGER
+	);
+	CREATE INDEX sandboxes_ws_status ON sandboxes(workspace_id, status);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
