@@ -109,7 +109,7 @@ var migrations = []string{
 	);
 	ALTER TABLE snapshots ADD COLUMN run_config_id TEXT NOT NULL DEFAULT '';`,
 	// 6: per-workspace quotas (NULL: unlimited).
-	`CREATE TABLE quotas (
+	`CREATE TABLE IF NOT EXISTS quotas (
 		workspace_id TEXT PRIMARY KEY REFERENCES workspaces(id),
 		max_sandboxes INTEGER,
 		max_vcpus INTEGER,
@@ -117,7 +117,7 @@ var migrations = []string{
 		max_storage_bytes INTEGER,
 		max_snapshots INTEGER
 	);
-	CREATE INDEX sandboxes_ws_status ON sandboxes(workspace_id, status);`,
+	CREATE INDEX IF NOT EXISTS sandboxes_ws_status ON sandboxes(workspace_id, status);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
