@@ -35,6 +35,8 @@ type Server struct {
 	gw Gateway
 	// execOutputLimit is the bytes of each stream POST /execute keeps.
 	execOutputLimit int
+	// limiter rate-limits requests per API key; nil without WithRateLimit.
+	limiter *keyLimiter
 }
 
 // Option configures optional parts of a Server.
@@ -124,11 +126,15 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // handle registers an authenticated handler: every API request must carry a
-// valid X-Api-Key; the principal it names is put in the request context.
+// valid X-Api-Key, within its key's rate limit; the principal it names is
+// put in the request context.
 func (s *Server) handle(pattern string, h http.HandlerFunc) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		p, err := s.auth.Authenticate(r.Context(), r.Header.Get("X-Api-Key"))
+		if err == nil && s.limiter != nil {
+			err = s.limiter.admit(p)
+		}
 		if err != nil {
 			writeError(r.Context(), w, err)
 			return
