@@ -30,6 +30,8 @@ func Main(args []string) int {
 		newNSInitCmd(),
 		newDiffCmd(),
 		newInfoCmd(),
+		newQuotaCmd(),
+		newUsageCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
