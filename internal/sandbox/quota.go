@@ -9,6 +9,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/keyed"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // quotaRetryAfter is the Retry-After of a quota refusal: room frees up
@@ -160,6 +161,18 @@ func newSandboxClaim(sb *store.Sandbox) store.Usage {
 // runClaim is what starting stopped or failed sandbox sb adds.
 func runClaim(sb *store.Sandbox) store.Usage {
 	return store.Usage{VCPUs: sb.VCPUs, MemBytes: sb.MemBytes}
+}
+
+// resizeClaim is what resizing sb as req asks adds: the growth of its
+// declared storage and, while it runs, of its vCPUs and memory (a stopped
+// sandbox claims those when it starts).
+func resizeClaim(sb *store.Sandbox, req protocol.UpdateSandboxRequest) store.Usage {
+	grow := func(to *int64, from int64) int64 { return max(or(to, from)-from, 0) }
+	c := store.Usage{StorageBytes: grow(req.FSCapacityBytes, sb.FSCapacityBytes)}
+	if s := statusOf(sb); s == Ready || s == Provisioning {
+		c.VCPUs, c.MemBytes = grow(req.VCPUs, sb.VCPUs), grow(req.MemBytes, sb.MemBytes)
+	}
+	return c
 }
 
 // snapshotClaim is what a new snapshot adds. Snapshots count against

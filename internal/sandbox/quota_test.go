@@ -219,3 +219,43 @@ func TestQuotaFork(t *testing.T) {
 		t.Fatalf("fork within quota: %v", err)
 	}
 }
+
+// TestQuotaResize: a PATCH growing a running sandbox's vCPUs or anyone's
+// declared storage past a quota is refused and changes nothing;
+// shrinking always works; a stopped sandbox may grow and then claims its
+// size when it starts. A new fs_capacity_bytes applies at once.
+func TestQuotaResize(t *testing.T) {
+	e := newEnv(t)
+	ctx := as(member)
+	sb := e.create(t, member, "r")
+	e.setQuota(t, store.Quota{MaxVCPUs: ptr(int64(3)), MaxStorageBytes: ptr(e.snap.FSCapacityBytes)})
+	if _, err := e.m.UpdateSandbox(ctx, "r", protocol.UpdateSandboxRequest{VCPUs: ptr(int64(4))}); limitKind(err) != errdefs.QuotaCPU {
+		t.Fatalf("grow a running sandbox past the vCPU quota: %v", err)
+	}
+	if _, err := e.m.UpdateSandbox(ctx, "r", protocol.UpdateSandboxRequest{FSCapacityBytes: ptr(e.snap.FSCapacityBytes + 1)}); limitKind(err) != errdefs.QuotaStorage {
+		t.Fatalf("grow past the storage quota: %v", err)
+	}
+	if got := e.get(t, sb.ID); got.VCPUs != sb.VCPUs || got.FSCapacityBytes != sb.FSCapacityBytes {
+		t.Fatalf("a refused resize changed the record: %+v", got)
+	}
+	got, err := e.m.UpdateSandbox(ctx, "r", protocol.UpdateSandboxRequest{VCPUs: ptr(int64(1)), FSCapacityBytes: ptr(int64(512 << 20))})
+	if err != nil || got.VCPUs != 1 || e.get(t, sb.ID).FSCapacityBytes != 512<<20 || e.storage.LimitOf(runtimeID(sb.ID)) != 512<<20 {
+		t.Fatalf("shrink: %+v %v (fs limit %d)", got, err, e.storage.LimitOf(runtimeID(sb.ID)))
+	}
+	if _, err := e.m.StopSandbox(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.UpdateSandbox(ctx, "r", protocol.UpdateSandboxRequest{VCPUs: ptr(int64(8))}); err != nil {
+		t.Fatalf("grow a stopped sandbox: %v", err)
+	}
+	if _, err := e.m.StartSandbox(ctx, "r"); limitKind(err) != errdefs.QuotaCPU {
+		t.Fatalf("start after growing past the quota: %v", err)
+	}
+	e.setQuota(t, store.Quota{})
+	if _, err := e.m.StartSandbox(ctx, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if spec, _ := e.driver.Spec(runtimeID(sb.ID)); spec.Limits.MilliCPUs != 8000 {
+		t.Fatalf("restarted with %d milli-CPUs, want the resized 8000", spec.Limits.MilliCPUs)
+	}
+}

@@ -509,9 +509,9 @@ func (s *SQLite) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 // before some activity cannot roll it back).
 func (s *SQLite) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET name=?, status=?, status_message=?, idle_ttl_seconds=?,
-		delete_after_stop_seconds=?, run_config=?, updated_at=?, stopped_at=?, proxy_config=? WHERE id=?`,
+		delete_after_stop_seconds=?, run_config=?, updated_at=?, stopped_at=?, proxy_config=?, vcpus=?, mem_bytes=?, fs_capacity_bytes=? WHERE id=?`,
 		sb.Name, sb.Status, sb.StatusMessage, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds, nullRunConfig(sb.RunConfig),
-		fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt), nullJSON(sb.ProxyConfig), sb.ID)
+		fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt), nullJSON(sb.ProxyConfig), sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes, sb.ID)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
 	}
