@@ -207,3 +207,39 @@ func TestQuotas(t *testing.T) {
 		}
 	})
 }
+
+// TestRateLimit: with --rate-limit 1 --rate-burst 3 a key gets three
+// requests at once, then a 429 RateLimited with Retry-After; another key
+// keeps its own bucket.
+func TestRateLimit(t *testing.T) {
+	d := startDaemonArgs(t, "namespace", "", "--rate-limit", "1", "--rate-burst", "3")
+	other := memberKey(t, d, "rl-other")
+	get := func(key string) (*http.Response, string) {
+		req, _ := http.NewRequest("GET", d.Endpoint+"/v2/sandboxes/boxes", nil)
+		req.Header.Set("X-Api-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp, string(b)
+	}
+	for i := range 3 {
+		if resp, body := get(testKey); resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d within the burst: %d %s", i, resp.StatusCode, body)
+		}
+	}
+	resp, body := get(testKey)
+	secs, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+	if resp.StatusCode != http.StatusTooManyRequests || secs < 1 || !strings.Contains(body, `"error":"RateLimited"`) {
+		t.Fatalf("over the burst: %d (Retry-After %q) %s", resp.StatusCode, resp.Header.Get("Retry-After"), body)
+	}
+	if resp, body := get(other); resp.StatusCode != http.StatusOK {
+		t.Fatalf("another key: %d %s", resp.StatusCode, body)
+	}
+	time.Sleep(time.Duration(secs) * time.Second)
+	if resp, body := get(testKey); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after Retry-After: %d %s", resp.StatusCode, body)
+	}
+}
