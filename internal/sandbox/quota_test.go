@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -257,5 +258,61 @@ func TestQuotaResize(t *testing.T) {
 	}
 	if spec, _ := e.driver.Spec(runtimeID(sb.ID)); spec.Limits.MilliCPUs != 8000 {
 		t.Fatalf("restarted with %d milli-CPUs, want the resized 8000", spec.Limits.MilliCPUs)
+	}
+}
+
+// TestQuotaConcurrentWakes: two stopped sandboxes woken at once with room
+// for one: the first wake's reservation holds its vCPUs while it boots
+// (its record still says stopped), so exactly one starts.
+func TestQuotaConcurrentWakes(t *testing.T) {
+	e := newEnv(t)
+	ctx := as(member)
+	var ids []string
+	for _, n := range []string{"w1", "w2"} {
+		ids = append(ids, e.create(t, member, n).ID)
+		if _, err := e.m.StopSandbox(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.setQuota(t, store.Quota{MaxVCPUs: ptr(DefaultLimits.DefaultVCPUs)})
+	entered, block := make(chan struct{}, 2), make(chan struct{})
+	e.driver.StartHook = func(ctx context.Context, _ runtime.Spec) error {
+		entered <- struct{}{}
+		<-block
+		return nil
+	}
+	errs := make(chan error, 2)
+	for _, id := range ids {
+		go func() {
+			c, err := e.m.Dataplane(ctx, id)
+			if err == nil {
+				c.Release()
+			}
+			errs <- err
+		}()
+	}
+	unblock := sync.OnceFunc(func() { close(block) })
+	defer unblock()
+	<-entered // one boot is under way; the other wake must be refused
+	select {
+	case err := <-errs:
+		if limitKind(err) != errdefs.QuotaCPU {
+			t.Fatalf("second wake while the first boots: %v", err)
+		}
+	case <-entered:
+		t.Fatal("both wakes are booting: the first one's claim was not held")
+	}
+	unblock()
+	if err := <-errs; err != nil {
+		t.Fatalf("first wake: %v", err)
+	}
+	ready := 0
+	for _, id := range ids {
+		if e.get(t, id).Status == protocol.StatusReady {
+			ready++
+		}
+	}
+	if ready != 1 {
+		t.Fatalf("%d sandboxes ready, want 1", ready)
 	}
 }
