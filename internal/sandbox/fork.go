@@ -161,7 +161,10 @@ func (m *Manager) recordBranches(ctx context.Context, reqs []protocol.CreateSand
 		}
 		return nil
 	})
-	return sbs, sn, err
+	if err != nil {
+		return nil, nil, err
+	}
+	return sbs, sn, nil
 }
 
 // ResetSandbox discards everything sandbox name wrote and restarts it over
