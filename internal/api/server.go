@@ -49,6 +49,8 @@ type Server struct {
 	// tel instruments every route and exec (WithTelemetry; default
 	// telemetry.Discard).
 	tel *telemetry.Telemetry
+	// limiter rate-limits requests per API key; nil without WithRateLimit.
+	limiter *keyLimiter
 }
 
 // drain tells long-lived responses that the server is shutting down.
@@ -158,13 +160,17 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // handle registers an authenticated handler: every API request must carry a
-// valid X-Api-Key; the principal it names is put in the request context.
+// valid X-Api-Key, within its key's rate limit; the principal it names is
+// put in the request context.
 func (s *Server) handle(pattern string, h http.HandlerFunc) {
 	target := targetOf(pattern)
 	s.mux.Handle(pattern, s.observe(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		p, err := s.auth.Authenticate(r.Context(), r.Header.Get("X-Api-Key"))
 		note(r, target, p, err)
+		if err == nil && s.limiter != nil {
+			err = s.limiter.admit(p)
+		}
 		if err != nil {
 			writeError(r.Context(), w, err)
 			return

@@ -121,6 +121,7 @@ type EgressLogs interface {
 
 var (
 	_ Sandboxes     = (*sandbox.Manager)(nil)
+	_ Quotas        = (*sandbox.Manager)(nil)
 	_ Authenticator = (*auth.Authenticator)(nil)
 	_ Images        = (*image.Store)(nil)
 	_ Gateway       = (*gateway.Gateway)(nil)

@@ -53,6 +53,7 @@ type serveFlags struct {
 	imageMaxBytes      string
 	layerMaxBytes      string
 	metricsListen      string
+	rateLimit          api.RateLimit
 }
 
 // imageLimits parses the image size caps ("" is 0: the store's default).
@@ -77,6 +78,7 @@ func (f serveFlags) imageLimits() (image.Limits, error) {
 func newServeCmd() *cobra.Command {
 	var f serveFlags
 	f.conns = api.DefaultConnLimits()
+	f.rateLimit = api.DefaultRateLimit
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the Cubicle daemon (API, sandbox manager, image store)",
@@ -97,6 +99,9 @@ func newServeCmd() *cobra.Command {
 	fl.DurationVar(&f.conns.IdleTimeout, "http-idle-timeout", f.conns.IdleTimeout, "how long a keep-alive connection may sit between requests")
 	fl.IntVar(&f.conns.MaxConnsPerClient, "max-conns-per-client", f.conns.MaxConnsPerClient,
 		"open connections allowed per client IPv4 address or IPv6 /64 (more get a 503); 0: no cap. Behind a reverse proxy every client shares its address")
+	fl.Float64Var(&f.rateLimit.PerSecond, "rate-limit", f.rateLimit.PerSecond,
+		"requests per second allowed per API key, refilling a bucket of --rate-burst (more get a 429 with Retry-After); 0: no limit")
+	fl.IntVar(&f.rateLimit.Burst, "rate-burst", f.rateLimit.Burst, "requests an API key may send at once before --rate-limit applies")
 	fl.StringVar(&f.dataDir, "data-dir", "/var/lib/cubicle", "directory for state, images and sandbox filesystems")
 	fl.StringVar(&f.publicURL, "public-url", "", "externally reachable base URL (default http://<listen>)")
 	fl.StringVar(&f.runtime, "runtime", "gvisor", "sandbox runtime: gvisor or namespace")
@@ -237,8 +242,10 @@ func serve(ctx context.Context, f serveFlags) error {
 	access := accesslog.New(st, log)
 	defer access.Close()
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithExecOutputLimit(f.execOutputLimit),
-		api.WithIdentity(identity.New(st, authn, access)), api.WithAccessLog(access), api.WithTelemetry(tel))
+		api.WithIdentity(identity.New(st, authn, access)), api.WithAccessLog(access), api.WithTelemetry(tel),
+		api.WithRateLimit(f.rateLimit))
 	handler.EnableRegistries(registries)
+	handler.EnableQuotas(mgr, accesslog.Quotas{Recorder: access})
 	handler.EnableEgress(vault, egress)
 	// No RLIMIT_NOFILE code here: the Go runtime already raises the soft
 	// limit to the hard one (less one) at start and restores the original

@@ -113,6 +113,9 @@ type Manager struct {
 	cfg Config
 	log *slog.Logger
 
+	// quota checks and records claims on workspace quotas (quota.go).
+	quota *quotaGate
+
 	// mu guards boxes and every box's fields (lock order: box.go).
 	mu     sync.Mutex
 	boxes  map[string]*box           // per sandbox id
@@ -158,6 +161,7 @@ func New(cfg Config) (*Manager, error) {
 	return &Manager{
 		cfg:    cfg,
 		log:    cfg.Logger,
+		quota:  newQuotaGate(cfg.Store),
 		boxes:  map[string]*box{},
 		builds: map[string]*buildProgress{},
 		life:   life, endLife: end,

@@ -111,6 +111,13 @@ func (s *Storage) Limit(_ context.Context, id string, bytes int64) (bool, error)
 	return false, nil
 }
 
+// LimitOf returns the last limit set on id (0: none).
+func (s *Storage) LimitOf(id string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.limits[id]
+}
+
 // Flush implements sandbox.Storage.
 func (s *Storage) Flush(context.Context, string) error { return nil }
 
