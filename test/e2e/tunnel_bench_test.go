@@ -75,7 +75,7 @@ func BenchmarkTunnelVsDirect(b *testing.B) {
 			b.ReportMetric(tm/dm, "throughput-ratio")
 			b.ReportMetric(float64(dr.Microseconds()), "direct-rtt-µs")
 			b.ReportMetric(float64(tr.Microseconds()), "tunnel-rtt-µs")
-			b.ReportMetric(float64((tr-dr).Microseconds()), "added-rtt-µs")
+			b.ReportMetric(float64((tr - dr).Microseconds()), "added-rtt-µs")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
