@@ -109,6 +109,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		}
 	}
 	out.Sandboxes = kept
+	m.emitForked(ctx, parent, v.ID, kept)
 	if err := errors.Join(errs...); err != nil {
 		return out, fmt.Errorf("fork %s: %d of %d branches failed: %w", name, req.Count-len(kept), req.Count, err)
 	}
@@ -140,6 +141,7 @@ func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*s
 		if err := m.halt(ctx, sb, "reset"); err != nil {
 			return nil, err
 		}
+		m.emit(ctx, sb, protocol.EventStopped, stopReason{Reason: "reset"})
 	}
 	rid := runtimeID(sb.ID)
 	if err := m.cfg.Storage.Reset(ctx, rid); err != nil {
@@ -154,6 +156,7 @@ func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*s
 	if err := m.seedIdentity(ctx, rid, sn); err != nil {
 		return nil, err
 	}
+	m.emit(ctx, sb, protocol.EventReset, map[string]string{"snapshot_id": sn.ID})
 	if err := m.boot(ctx, sb, sn); err != nil {
 		return nil, err
 	}

@@ -77,6 +77,9 @@ type Config struct {
 	// delete_after_stop_seconds must be a multiple of: 60 s, as the protocol
 	// says. Tests lower it (e.g. to 1 s) to exercise TTLs quickly.
 	TTLGranularity time.Duration
+	// Recorder receives lifecycle events for the audit record; nil
+	// records nothing.
+	Recorder Recorder
 }
 
 // LimitPolicy holds defaults and maxima for sandbox resources.
@@ -137,6 +140,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.TTLGranularity <= 0 {
 		cfg.TTLGranularity = time.Minute
+	}
+	if cfg.Recorder == nil {
+		cfg.Recorder = nopRecorder{}
 	}
 	if cfg.AgentPort == 0 {
 		cfg.AgentPort = agent.Port

@@ -54,6 +54,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 	if err := m.cfg.Store.CreateSandbox(ctx, sb); err != nil {
 		return nil, err
 	}
+	m.emit(ctx, sb, protocol.EventCreated, createdData(sb))
 	done := make(chan error, 1)
 	m.goBG(func() {
 		bctx := context.WithoutCancel(ctx) // the boot outlives a create that does not wait
@@ -171,7 +172,11 @@ func (m *Manager) StopSandbox(ctx context.Context, name string) (*store.Sandbox,
 	if statusOf(sb) == Stopped {
 		return sb, nil
 	}
-	return sb, m.halt(ctx, sb, "")
+	if err := m.halt(ctx, sb, ""); err != nil {
+		return sb, err
+	}
+	m.emit(ctx, sb, protocol.EventStopped, stopReason{Reason: protocol.StopAPI})
+	return sb, nil
 }
 
 // halt stops sb's processes and network, unmounts its rootfs and records it
@@ -248,7 +253,11 @@ func (m *Manager) DeleteSandbox(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
-	return m.destroy(ctx, sb)
+	if err := m.destroy(ctx, sb); err != nil {
+		return err
+	}
+	m.emit(ctx, sb, protocol.EventDeleted, map[string]string{"reason": "api"})
+	return nil
 }
 
 // destroy records sb deleting, removes its instance and data, then its

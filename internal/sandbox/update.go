@@ -36,8 +36,10 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 		return nil, err
 	}
 	defer unlock()
+	before := *sb
 	proxy := bytes.TrimSpace(req.ProxyConfig)
-	if len(proxy) > 0 && string(proxy) != "null" {
+	proxyChanged := len(proxy) > 0 && string(proxy) != "null"
+	if proxyChanged {
 		if err := requireStatus(sb, opProxy); err != nil {
 			return nil, err
 		}
@@ -62,6 +64,12 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	sb.UpdatedAt = time.Now().UTC()
 	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
 		return nil, err
+	}
+	if sb.Name != before.Name {
+		m.emit(ctx, sb, protocol.EventRenamed, map[string]string{"from": before.Name, "to": sb.Name})
+	}
+	if d := policyDiff(&before, req, proxyChanged); d != nil {
+		m.emit(ctx, sb, protocol.EventPolicyChanged, d)
 	}
 	return sb, nil
 }

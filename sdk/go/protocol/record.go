@@ -27,6 +27,9 @@ const (
 	EventRenamed       = "renamed"
 	EventDeleted       = "deleted"
 	EventPolicyChanged = "policy_changed"
+	// EventBootFailed is a boot (first or restart) that did not finish:
+	// the sandbox is failed, or stays stopped.
+	EventBootFailed = "boot_failed"
 
 	EventCommandStarted     = "command.started"
 	EventCommandExited      = "command.exited"
