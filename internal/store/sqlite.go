@@ -110,7 +110,8 @@ var migrations = []string{
 	ALTER TABLE snapshots ADD COLUMN run_config_id TEXT NOT NULL DEFAULT '';`,
 	// 6: the per-sandbox audit record (internal/record) and captured
 	// command output. No foreign keys: records outlive their sandboxes.
-	`CREATE TABLE audit_events (
+	// IF NOT EXISTS: tests roll the schema back to re-run migrations.
+	`CREATE TABLE IF NOT EXISTS audit_events (
 		sandbox_id TEXT NOT NULL,
 		seq INTEGER NOT NULL,
 		time TEXT NOT NULL,
@@ -123,8 +124,8 @@ var migrations = []string{
 		data TEXT,
 		PRIMARY KEY (sandbox_id, seq)
 	) WITHOUT ROWID;
-	CREATE INDEX audit_events_time ON audit_events(time);
-	CREATE TABLE audit_outputs (
+	CREATE INDEX IF NOT EXISTS audit_events_time ON audit_events(time);
+	CREATE TABLE IF NOT EXISTS audit_outputs (
 		sandbox_id TEXT NOT NULL,
 		step INTEGER NOT NULL,
 		stream TEXT NOT NULL,
@@ -135,7 +136,7 @@ var migrations = []string{
 		time TEXT NOT NULL,
 		PRIMARY KEY (sandbox_id, step, stream)
 	) WITHOUT ROWID;
-	CREATE INDEX audit_outputs_time ON audit_outputs(time);`,
+	CREATE INDEX IF NOT EXISTS audit_outputs_time ON audit_outputs(time);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
