@@ -17,6 +17,7 @@ import (
 	"github.com/coder/websocket/wsjson"
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/record"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/google/uuid"
@@ -26,7 +27,7 @@ import (
 // stopped) or writes the error and reports false. The caller releases the
 // returned handle.
 func (s *Server) dataplane(w http.ResponseWriter, r *http.Request) (*sandbox.Conn, bool) {
-	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	dp, err := s.mgr.Dataplane(sandbox.WithRequestKind(r.Context(), requestKind(r.URL.Path)), r.PathValue("id"))
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return nil, false
@@ -93,7 +94,16 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	stdout, stderr := &cappedOutput{max: s.execOutputLimit}, &cappedOutput{max: s.execOutputLimit}
-	code, err := conn.Agent.Exec(ctx, f, stdout, stderr)
+	var outw, errw io.Writer = stdout, stderr
+	var cmd *record.Command
+	if s.rec != nil {
+		cmd = s.rec.StartCommand(r.Context(), commandStart(r.PathValue("id"), conn, &f, ownEnvKeys(&protocol.ExecFrame{Env: req.Env, RunConfig: req.RunConfig}), "http"))
+		outw, errw = io.MultiWriter(stdout, streamWriter{cmd, record.Stdout}), io.MultiWriter(stderr, streamWriter{cmd, record.Stderr})
+	}
+	code, err := conn.Agent.Exec(ctx, f, outw, errw)
+	if cmd != nil {
+		recordExecuteEnd(ctx, cmd, code, err)
+	}
 	switch {
 	case errors.Is(err, agent.ErrCommandTimeout):
 		writeDetail(w, http.StatusRequestTimeout, protocol.ErrCommandTimeout, fmt.Sprintf("command timed out after %ds", timeout))
@@ -211,6 +221,9 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 			conn.Close(websocket.StatusNormalClosure, "")
 			return
 		}
+		if first.CommandID == "" {
+			first.CommandID = uuid.NewString() // named, so its record's step can be found on reconnect
+		}
 	}
 	up, err := dp.Agent.DialExec(ctx)
 	if err != nil {
@@ -224,7 +237,8 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	relay(ctx, conn, up, dp.Gone, dp.Touch, func() string { return s.mgr.StatusMessage(context.WithoutCancel(ctx), id) })
+	tap := s.tapExec(ctx, id, dp, &first)
+	relay(ctx, conn, up, dp.Gone, dp.Touch, func() string { return s.mgr.StatusMessage(context.WithoutCancel(ctx), id) }, tap)
 }
 
 // goneWait bounds how long a relay whose agent connection broke waits for
@@ -244,13 +258,13 @@ const goneWait = 2 * time.Second
 //
 // Neither pipe's context is cancelled before the client has been told:
 // the websocket library closes a connection whose read or write context
-// ends.
-func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}, touch func(), why func() string) {
+// ends. tap (may be nil) sees every frame, for the command's record.
+func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}, touch func(), why func() string, tap *execTap) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	upErr, clientErr := make(chan error, 1), make(chan error, 1)
-	go func() { upErr <- pipe(ctx, up, client, touch) }()
-	go func() { clientErr <- pipe(ctx, client, up, touch) }()
+	go func() { upErr <- pipe(ctx, up, client, touch, tap.fromClient) }()
+	go func() { clientErr <- pipe(ctx, client, up, touch, tap.fromAgent) }()
 	select {
 	case err := <-clientErr:
 		up.Close(closeStatus(err), "")
@@ -285,13 +299,15 @@ func closedWithin(ch <-chan struct{}, d time.Duration) bool {
 	}
 }
 
-func pipe(ctx context.Context, dst, src *websocket.Conn, touch func()) error {
+// pipe copies frames from src to dst, showing each to see first.
+func pipe(ctx context.Context, dst, src *websocket.Conn, touch func(), see func([]byte)) error {
 	for {
 		typ, data, err := src.Read(ctx)
 		if err != nil {
 			return err
 		}
 		touch()
+		see(data)
 		if err := dst.Write(ctx, typ, data); err != nil {
 			return err
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
+	"github.com/cubicle-dev/cubicle/internal/record"
 )
 
 // prefixes are the control-plane mount points (spec §1.2 and §11.1).
@@ -35,6 +36,9 @@ type Server struct {
 	gw Gateway
 	// execOutputLimit is the bytes of each stream POST /execute keeps.
 	execOutputLimit int
+	// rec keeps sandboxes' audit records; nil without WithRecorder, and
+	// then nothing is recorded and the audit routes do not exist.
+	rec *record.Recorder
 }
 
 // Option configures optional parts of a Server.
@@ -59,6 +63,12 @@ func WithExecOutputLimit(n int) Option {
 			s.execOutputLimit = n
 		}
 	}
+}
+
+// WithRecorder records every command relayed through the dataplane in rec
+// and serves the audit routes from it.
+func WithRecorder(rec *record.Recorder) Option {
+	return func(s *Server) { s.rec = rec }
 }
 
 // New returns a Server. publicURL is the externally reachable base URL from

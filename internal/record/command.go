@@ -159,16 +159,21 @@ type exitedData struct {
 	StdoutBytes int64  `json:"stdout_bytes"`
 	StderrBytes int64  `json:"stderr_bytes"`
 	Killed      string `json:"killed,omitempty"`
+	// Error is the agent's or the connection's error when the command
+	// ended without an exit code (CommandTimeout, CommandError, ...).
+	Error string `json:"error,omitempty"`
 	// Lost says why the exit was not seen (the sandbox stopped).
 	Lost string `json:"lost,omitempty"`
 }
 
-// Exited records the command's end with its exit code (nil when it has
-// none: killed at its timeout) and stores its output. Later calls do
-// nothing.
-func (c *Command) Exited(ctx context.Context, code *int) { c.end(ctx, code, "") }
+// Exited records the command's end with its exit code, or with errType
+// when it has none (killed at its timeout, refused by the agent), and
+// stores its output. Later calls do nothing.
+func (c *Command) Exited(ctx context.Context, code *int, errType string) {
+	c.end(ctx, code, errType, "")
+}
 
-func (c *Command) end(ctx context.Context, code *int, lost string) {
+func (c *Command) end(ctx context.Context, code *int, errType, lost string) {
 	c.mu.Lock()
 	if c.ended {
 		c.mu.Unlock()
@@ -176,7 +181,7 @@ func (c *Command) end(ctx context.Context, code *int, lost string) {
 	}
 	c.ended = true
 	d := exitedData{ExitCode: code, DurationMS: time.Since(c.start).Milliseconds(), StdoutBytes: c.stdout.total,
-		StderrBytes: c.stderr.total, Killed: c.killed, Lost: lost}
+		StderrBytes: c.stderr.total, Killed: c.killed, Error: errType, Lost: lost}
 	outs := []*capture{c.stdout, c.stderr}
 	c.mu.Unlock()
 	c.r.mu.Lock()
@@ -208,6 +213,6 @@ func (r *Recorder) endCommands(ctx context.Context, sandboxID, why string) {
 	r.mu.Unlock()
 	slices.SortFunc(open, func(a, b *Command) int { return int(a.step - b.step) })
 	for _, c := range open {
-		c.end(ctx, nil, "sandbox "+why)
+		c.end(ctx, nil, "", "sandbox "+why)
 	}
 }

@@ -102,6 +102,7 @@ type Recorder struct {
 	closed bool
 	seqs   map[string]int64                  // last seq per sandbox seen this run
 	subs   map[string]map[*follower]struct{} // live followers per sandbox
+	ended  bool                              // EndFollowers was called
 	cmds   map[cmdKey]*Command               // open commands
 	q      chan item
 
@@ -424,10 +425,16 @@ func (f *follower) sendLocked(ev protocol.AuditEvent) {
 }
 
 // Follow subscribes to sandboxID's events recorded from now on. The
-// channel closes if the follower falls behind; stop ends the subscription.
-func (r *Recorder) Follow(sandboxID string) (events <-chan protocol.AuditEvent, stop func()) {
+// channel closes if the follower falls behind, or at EndFollowers (ok is
+// then false, as it is for a Follow after it); stop ends the subscription.
+func (r *Recorder) Follow(sandboxID string) (events <-chan protocol.AuditEvent, stop func(), ok bool) {
 	f := &follower{ch: make(chan protocol.AuditEvent, followBuffer)}
 	r.mu.Lock()
+	if r.ended {
+		r.mu.Unlock()
+		close(f.ch)
+		return f.ch, func() {}, false
+	}
 	if r.subs[sandboxID] == nil {
 		r.subs[sandboxID] = map[*follower]struct{}{}
 	}
@@ -439,6 +446,30 @@ func (r *Recorder) Follow(sandboxID string) (events <-chan protocol.AuditEvent, 
 		delete(r.subs[sandboxID], f)
 		if len(r.subs[sandboxID]) == 0 {
 			delete(r.subs, sandboxID)
+		}
+	}, true
+}
+
+// Following reports whether live follows are still served (EndFollowers
+// has not been called).
+func (r *Recorder) Following() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return !r.ended
+}
+
+// EndFollowers closes every live follow and refuses new ones, so streams
+// end when the API shuts down.
+func (r *Recorder) EndFollowers() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ended = true
+	for _, fs := range r.subs {
+		for f := range fs {
+			if !f.closed {
+				f.closed = true
+				close(f.ch)
+			}
 		}
 	}
 }

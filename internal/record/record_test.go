@@ -246,8 +246,8 @@ func TestCommandStep(t *testing.T) {
 	c.Killed(ctx, KillRequested)
 	c.Killed(ctx, KillTimeout)
 	code := 137
-	c.Exited(ctx, &code)
-	c.Exited(ctx, nil)
+	c.Exited(ctx, &code, "")
+	c.Exited(ctx, nil, "again")
 	if r.OpenCommand("a", "c1") != nil {
 		t.Fatal("exited command still open")
 	}
@@ -303,7 +303,7 @@ func TestFollow(t *testing.T) {
 	st, _ := openStore(t)
 	r := newRecorder(t, st, Options{})
 	ctx := context.Background()
-	ch, stop := r.Follow("a")
+	ch, stop, _ := r.Follow("a")
 	defer stop()
 	r.Record(ctx, lifecycle("b", protocol.EventStarted))
 	r.Record(ctx, lifecycle("a", protocol.EventStarted))

@@ -297,6 +297,8 @@ type Conn struct {
 	// Gone is closed when this instance of the sandbox stops or dies, so
 	// relayed streams end instead of hanging on a dead peer.
 	Gone <-chan struct{}
+	// WorkspaceID is the sandbox's workspace, for its audit record.
+	WorkspaceID string
 
 	id      string
 	m       *Manager
@@ -348,7 +350,7 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{Agent: c, RunConfig: sn.RunConfig.Layer(sb.RunConfig), Gone: gone, id: id, m: m, release: release}, nil
+	return &Conn{Agent: c, RunConfig: sn.RunConfig.Layer(sb.RunConfig), Gone: gone, WorkspaceID: sb.WorkspaceID, id: id, m: m, release: release}, nil
 }
 
 // StatusMessage returns sandbox id's status message ("" if unknown), for
