@@ -1,0 +1,52 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/cubicle-dev/cubicle/internal/record"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// TestExecTap feeds a relayed stream's frames through the tap: output
+// replayed after a reconnect counts once, a client's kill and the exit
+// are events of the step, and input frames are not decoded as commands.
+func TestExecTap(t *testing.T) {
+	_, rec := newRecordAPI(t)
+	ctx := context.Background()
+	frame := func(f protocol.ExecFrame) []byte { b, _ := json.Marshal(f); return b }
+	off := func(n int64) *int64 { return &n }
+	tap := &execTap{ctx: ctx, cmd: rec.StartCommand(ctx, record.CommandStart{SandboxID: "s", CommandID: "c", Command: "yes"})}
+	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStarted, CommandID: "c"}))
+	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStdout, Data: "abc", Offset: off(0)}))
+	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStdout, Data: "bcd", Offset: off(1)})) // replay after reconnect
+	tap.fromClient(frame(protocol.ExecFrame{Type: protocol.FrameInput, Data: `"kill"`}))
+	tap.fromClient(frame(protocol.ExecFrame{Type: protocol.FrameKill}))
+	code := 137
+	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameExit, ExitCode: &code}))
+	var nilTap *execTap
+	nilTap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameExit})) // no recorder: a no-op
+	st, err := rec.Step(ctx, "s", tap.cmd.Step())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, e := range st.Events {
+		types = append(types, e.Type)
+	}
+	if strings.Join(types, " ") != "command.started command.killed command.exited" || st.Stdout == nil || st.Stdout.Head != "abcd" {
+		t.Fatalf("types %v stdout %+v", types, st.Stdout)
+	}
+	if d := string(st.Events[2].Data); !strings.Contains(d, `"exit_code":137`) || !strings.Contains(d, `"stdout_bytes":4`) {
+		t.Fatalf("exited %s", d)
+	}
+
+	timedOut := &execTap{ctx: ctx, cmd: rec.StartCommand(ctx, record.CommandStart{SandboxID: "s", CommandID: "t", Command: "sleep 9"})}
+	timedOut.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameError, ErrorType: protocol.ErrCommandTimeout}))
+	st, _ = rec.Step(ctx, "s", timedOut.cmd.Step())
+	if len(st.Events) != 3 || !strings.Contains(string(st.Events[1].Data), record.KillTimeout) || !strings.Contains(string(st.Events[2].Data), `"exit_code":null`) {
+		t.Fatalf("timeout step %+v", st.Events)
+	}
+}
