@@ -30,6 +30,7 @@ func Main(args []string) int {
 		newNSInitCmd(),
 		newDiffCmd(),
 		newInfoCmd(),
+		newAuditCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
