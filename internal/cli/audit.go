@@ -150,7 +150,7 @@ func timelineLine(e protocol.AuditEvent) string {
 			how += " (killed: " + d.Killed + ")"
 		}
 		return head + step + fmt.Sprintf("→ %s in %s, stdout %d B, stderr %d B", how,
-			(time.Duration(d.DurationMS) * time.Millisecond).String(), d.StdoutBytes, d.StderrBytes)
+			(time.Duration(d.DurationMS)*time.Millisecond).String(), d.StdoutBytes, d.StderrBytes)
 	case protocol.EventCommandKilled:
 		return head + step + "✗ killed (" + d.Reason + ")"
 	default:
