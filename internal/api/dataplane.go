@@ -366,10 +366,12 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if err := dp.Agent.WriteFile(r.Context(), dp.RunConfig.User, path, 0o644, body); err != nil {
+	cr := &countingReader{r: body}
+	if err := dp.Agent.WriteFile(r.Context(), dp.RunConfig.User, path, 0o644, cr); err != nil {
 		writeAgentError(w, r, err)
 		return
 	}
+	s.recordFile(r.Context(), r.PathValue("id"), dp.WorkspaceID, protocol.EventFileUploaded, fileData{Path: path, Bytes: cr.n})
 	writeJSON(w, http.StatusOK, map[string]string{"path": path})
 }
 
@@ -390,7 +392,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer dp.Release()
-	relayFile(w, r, dp, path, nil)
+	s.relayRecorded(w, r, r.PathValue("id"), dp, path, "api", nil)
 }
 
 // relayFile streams path out of the sandbox behind dp. The agent serves

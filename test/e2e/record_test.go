@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -51,6 +52,17 @@ func TestAuditRecord(t *testing.T) {
 	if res, err := c.Run(ctx, sb.Name, "printf abc"); err != nil || res.Stdout != "abc" {
 		t.Fatalf("HTTP execute: %+v %v", res, err)
 	}
+	if err := c.WriteFile(ctx, sb.Name, "/tmp/up.txt", strings.NewReader("uploaded")); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.ReadFile(ctx, sb.Name, "/tmp/up.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(rc); string(b) != "uploaded" {
+		t.Fatalf("download: %q", b)
+	}
+	rc.Close()
 	if err := c.StopSandbox(ctx, sb.Name); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +99,7 @@ func TestAuditRecord(t *testing.T) {
 	want = append(want, protocol.EventCommandStarted, protocol.EventCommandKilled, protocol.EventCommandExited)
 	want = append(want, cmd...)
 	want = append(want, cmd...)
-	want = append(want, protocol.EventStopped, protocol.EventStarted)
+	want = append(want, protocol.EventFileUploaded, protocol.EventFileDownloaded, protocol.EventStopped, protocol.EventStarted)
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("record after kill -9:\n got %v\nwant %v", got, want)
 	}
@@ -118,6 +130,12 @@ func TestAuditRecord(t *testing.T) {
 	}
 	if st, d := exited("printf abc"); d["exit_code"] != 0.0 || st.Stdout == nil || st.Stdout.Head != "abc" {
 		t.Fatalf("HTTP step: %+v %v", st, d)
+	}
+
+	for _, e := range list.Items {
+		if e.Kind == protocol.KindFile && !strings.Contains(string(e.Data), `"path":"/tmp/up.txt","bytes":8`) {
+			t.Fatalf("file event %s: %s", e.Type, e.Data)
+		}
 	}
 
 	// Nothing anywhere in the record holds the secret or the API key.

@@ -35,6 +35,10 @@ const (
 	EventCommandExited      = "command.exited"
 	EventCommandKilled      = "command.killed"
 	EventCommandReconnected = "command.reconnected"
+
+	// File API transfers (step 0).
+	EventFileUploaded   = "file.uploaded"
+	EventFileDownloaded = "file.downloaded"
 )
 
 // Stop reasons carried by a stopped event's data.reason.
