@@ -110,7 +110,9 @@ func (t *execTap) fromAgent(b []byte) {
 		if f.ErrorType == protocol.ErrCommandTimeout {
 			t.cmd.Killed(t.ctx, record.KillTimeout)
 		}
-		if f.ErrorType != protocol.ErrCommandNotFound && f.ErrorType != protocol.ErrSessionExpired {
+		if f.ErrorType == protocol.ErrCommandNotFound || f.ErrorType == protocol.ErrSessionExpired {
+			t.cmd.Lost(t.ctx, f.ErrorType) // a reconnect found it gone: its exit is not known
+		} else {
 			t.cmd.Exited(t.ctx, nil, f.ErrorType)
 		}
 	}

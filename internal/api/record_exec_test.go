@@ -49,4 +49,11 @@ func TestExecTap(t *testing.T) {
 	if len(st.Events) != 3 || !strings.Contains(string(st.Events[1].Data), record.KillTimeout) || !strings.Contains(string(st.Events[2].Data), `"exit_code":null`) {
 		t.Fatalf("timeout step %+v", st.Events)
 	}
+
+	expired := &execTap{ctx: ctx, cmd: rec.StartCommand(ctx, record.CommandStart{SandboxID: "s", CommandID: "e", Command: "sleep 9"})}
+	expired.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameError, ErrorType: protocol.ErrSessionExpired}))
+	st, _ = rec.Step(ctx, "s", expired.cmd.Step())
+	if len(st.Events) != 2 || !strings.Contains(string(st.Events[1].Data), `"lost":"SessionExpired"`) || rec.OpenCommand("s", "e") != nil {
+		t.Fatalf("expired step %+v", st.Events)
+	}
 }

@@ -173,6 +173,10 @@ func (c *Command) Exited(ctx context.Context, code *int, errType string) {
 	c.end(ctx, code, errType, "")
 }
 
+// Lost ends the command without an exit the daemon saw: why says what
+// happened to it (its session expired, the agent no longer knows it).
+func (c *Command) Lost(ctx context.Context, why string) { c.end(ctx, nil, "", why) }
+
 func (c *Command) end(ctx context.Context, code *int, errType, lost string) {
 	c.mu.Lock()
 	if c.ended {
