@@ -326,3 +326,22 @@ func TestFollow(t *testing.T) {
 		t.Fatalf("lagging follower got %d events before being cut off, want %d", n, followBuffer)
 	}
 }
+
+// TestEndFollowers checks shutting follows down closes live ones and
+// refuses new ones, so an API shutdown is not held by open streams.
+func TestEndFollowers(t *testing.T) {
+	st, _ := openStore(t)
+	r := newRecorder(t, st, Options{})
+	ch, stop, ok := r.Follow("a")
+	defer stop()
+	if !ok || !r.Following() {
+		t.Fatal("follow refused before EndFollowers")
+	}
+	r.EndFollowers()
+	if _, open := <-ch; open {
+		t.Fatal("live follow not closed")
+	}
+	if _, _, ok := r.Follow("a"); ok || r.Following() {
+		t.Fatal("follow accepted after EndFollowers")
+	}
+}
