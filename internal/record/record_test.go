@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -344,4 +346,32 @@ func TestEndFollowers(t *testing.T) {
 	if _, _, ok := r.Follow("a"); ok || r.Following() {
 		t.Fatal("follow accepted after EndFollowers")
 	}
+}
+
+// TestSessionStorageBound checks a 1,000-command session costs at most
+// 5 MiB of database besides its output (the bound).
+func TestSessionStorageBound(t *testing.T) {
+	st, path := openStore(t)
+	r := New(st, Options{})
+	ctx := auth.WithPrincipal(context.Background(), auth.Principal{WorkspaceID: "w", User: "agent-user", KeyPrefix: "cub_0123"})
+	code := 0
+	for i := range 1000 {
+		c := r.StartCommand(ctx, CommandStart{SandboxID: "3f0b6a8e-2c1d-4c8e-9a51-5f7d2b1e9c40", WorkspaceID: "w",
+			CommandID: fmt.Sprintf("0193a7f2-7c1e-7b3a-9e51-%012d", i),
+			Command: "python -m pytest tests/test_module.py -k case_" + strings.Repeat("x", i%20), Shell: "/bin/bash",
+			User: "app", Cwd: "/work/project", EnvKeys: []string{"HOME", "PATH", "TOKEN"}, TimeoutSeconds: 60, Via: "ws"})
+		c.Output(Stdout, 0, []byte("ok\n"))
+		c.Exited(ctx, &code, "")
+	}
+	r.Close()
+	var size int64
+	for _, f := range []string{path, path + "-wal"} {
+		if fi, err := os.Stat(f); err == nil {
+			size += fi.Size()
+		}
+	}
+	if size > 5<<20 {
+		t.Fatalf("1,000 commands take %d bytes", size)
+	}
+	t.Logf("1,000 commands: %d KiB of database (with their 3-byte outputs)", size>>10)
 }
