@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"path"
+	"strconv"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/record"
@@ -89,8 +90,13 @@ type tapFrame struct {
 }
 
 // fromAgent sees one frame on its way from the agent to the client.
+// Output frames are not decoded here (see outputFrame).
 func (t *execTap) fromAgent(b []byte) {
 	if t == nil {
+		return
+	}
+	if stream, lit, off, ok := outputFrame(b); ok {
+		t.cmd.OutputLiteral(stream, off, lit)
 		return
 	}
 	var f tapFrame
@@ -116,6 +122,40 @@ func (t *execTap) fromAgent(b []byte) {
 			t.cmd.Exited(t.ctx, nil, f.ErrorType)
 		}
 	}
+}
+
+// Output frames as the agent encodes them (json.Marshal of an ExecFrame:
+// type, data, offset, nothing else set).
+var (
+	stdoutFramePrefix = []byte(`{"type":"` + protocol.FrameStdout + `","data":`)
+	stderrFramePrefix = []byte(`{"type":"` + protocol.FrameStderr + `","data":`)
+	offsetKey         = []byte(`,"offset":`)
+)
+
+// outputFrame splits an output frame of the agent's shape into its stream,
+// data literal (still JSON-encoded) and offset, without decoding the data;
+// ok is false for anything else, which the caller decodes in full. The
+// key `"offset":` cannot occur inside the literal, whose quotes are
+// escaped.
+func outputFrame(b []byte) (stream string, lit []byte, off int64, ok bool) {
+	var rest []byte
+	switch {
+	case bytes.HasPrefix(b, stdoutFramePrefix):
+		stream, rest = protocol.FrameStdout, b[len(stdoutFramePrefix):]
+	case bytes.HasPrefix(b, stderrFramePrefix):
+		stream, rest = protocol.FrameStderr, b[len(stderrFramePrefix):]
+	default:
+		return "", nil, 0, false
+	}
+	i := bytes.LastIndex(rest, offsetKey)
+	if i < 2 || rest[0] != '"' || rest[i-1] != '"' || rest[len(rest)-1] != '}' {
+		return "", nil, 0, false
+	}
+	off, err := strconv.ParseInt(string(rest[i+len(offsetKey):len(rest)-1]), 10, 64)
+	if err != nil || off < 0 {
+		return "", nil, 0, false
+	}
+	return stream, rest[:i], off, true
 }
 
 // killFrame is how a kill frame starts on the wire (wsjson writes type

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -19,7 +20,7 @@ import (
 // newRecordAPI is a test API with a real Recorder over SQLite, holding a
 // record for bob's sandbox (created, one command with output, stopped),
 // one for a deleted sandbox of w1 and one of another workspace.
-func newRecordAPI(t *testing.T) (*testAPI, *record.Recorder) {
+func newRecordAPI(t testing.TB) (*testAPI, *record.Recorder) {
 	t.Helper()
 	st, err := store.OpenSQLite(context.Background(), filepath.Join(t.TempDir(), "c.db"))
 	if err != nil {
@@ -27,8 +28,8 @@ func newRecordAPI(t *testing.T) (*testAPI, *record.Recorder) {
 	}
 	rec := record.New(st, record.Options{})
 	t.Cleanup(func() { rec.Close(); st.Close() })
-	ta := newTestAPI(t, false)
-	ta.srv = New(ta.mgr, fakeAuth{}, ta.images, "http://api.test/", ta.srv.log, WithRecorder(rec))
+	ta := &testAPI{mgr: newFakeSandboxes(), images: &fakeImages{}}
+	ta.srv = New(ta.mgr, fakeAuth{}, ta.images, "http://api.test/", slog.New(slog.DiscardHandler), WithRecorder(rec))
 	ctx := context.Background()
 	lc := func(id, ws, typ string) {
 		rec.Record(ctx, record.Event{SandboxID: id, WorkspaceID: ws, Kind: protocol.KindLifecycle, Type: typ})

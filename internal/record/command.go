@@ -113,14 +113,31 @@ func (c *Command) Output(stream string, off int64, p []byte) {
 	if c.ended {
 		return
 	}
-	cp := c.stdout
-	if stream == streamStderr {
-		cp = c.stderr
-	}
+	cp := c.stream(stream)
 	if off < 0 {
-		off = cp.total
+		cp.settle() // appends after everything held
+		cp.writeAt(cp.total, p)
+		return
 	}
-	cp.writeAt(off, p)
+	cp.add(chunk{off: off, data: p})
+}
+
+// OutputLiteral is Output of a JSON string literal, as an exec frame
+// carries it, decoded only if it is kept (chunks.go). lit must not change
+// afterwards.
+func (c *Command) OutputLiteral(stream string, off int64, lit []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.ended {
+		c.stream(stream).add(chunk{off: off, lit: lit})
+	}
+}
+
+func (c *Command) stream(name string) *capture {
+	if name == streamStderr {
+		return c.stderr
+	}
+	return c.stdout
 }
 
 // Stdout and Stderr are the stream names Output takes.
@@ -184,6 +201,8 @@ func (c *Command) end(ctx context.Context, code *int, errType, lost string) {
 		return
 	}
 	c.ended = true
+	c.stdout.settle()
+	c.stderr.settle()
 	d := exitedData{ExitCode: code, DurationMS: time.Since(c.start).Milliseconds(), StdoutBytes: c.stdout.total,
 		StderrBytes: c.stderr.total, Killed: c.killed, Error: errType, Lost: lost}
 	outs := []*capture{c.stdout, c.stderr}

@@ -21,6 +21,7 @@ type capture struct {
 	tail     []byte // ring of the last half bytes once head is full
 	start    int    // index of the oldest byte in tail
 	total    int64
+	pending  []chunk // undecoded output past the head (chunks.go)
 }
 
 func newCapture(limit int) *capture { return &capture{half: max(limit/2, 1)} }
