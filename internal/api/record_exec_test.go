@@ -23,7 +23,7 @@ func TestExecTap(t *testing.T) {
 	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStarted, CommandID: "c"}))
 	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStdout, Data: "abc", Offset: off(0)}))
 	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStdout, Data: "bcd", Offset: off(1)})) // replay after reconnect
-	tap.fromAgent([]byte(`{"offset":4,"data":"\n","type":"stdout"}`))                         // another shape: decoded in full
+	tap.fromAgent([]byte(`{"offset":4,"data":"\n","type":"stdout"}`))                                 // another shape: decoded in full
 	tap.fromClient(frame(protocol.ExecFrame{Type: protocol.FrameInput, Data: `"kill"`}))
 	tap.fromClient(frame(protocol.ExecFrame{Type: protocol.FrameKill}))
 	code := 137

@@ -358,7 +358,7 @@ func TestSessionStorageBound(t *testing.T) {
 	for i := range 1000 {
 		c := r.StartCommand(ctx, CommandStart{SandboxID: "3f0b6a8e-2c1d-4c8e-9a51-5f7d2b1e9c40", WorkspaceID: "w",
 			CommandID: fmt.Sprintf("0193a7f2-7c1e-7b3a-9e51-%012d", i),
-			Command: "python -m pytest tests/test_module.py -k case_" + strings.Repeat("x", i%20), Shell: "/bin/bash",
+			Command:   "python -m pytest tests/test_module.py -k case_" + strings.Repeat("x", i%20), Shell: "/bin/bash",
 			User: "app", Cwd: "/work/project", EnvKeys: []string{"HOME", "PATH", "TOKEN"}, TimeoutSeconds: 60, Via: "ws"})
 		c.Output(Stdout, 0, []byte("ok\n"))
 		c.Exited(ctx, &code, "")
