@@ -49,6 +49,13 @@ func TestAuditRecord(t *testing.T) {
 		RunConfig: &protocol.RunConfig{EnvVars: map[string]string{"SECRET_TOKEN": secret}}}); err != nil || code != 0 || strings.TrimSpace(out) != "17" {
 		t.Fatalf("env command: %q %d %v", out, code, err)
 	}
+	const bigCmd = `head -c 3145728 /dev/zero | tr '\0' a; echo END`
+	if out, _, code, err := exec(cubicle.ExecRequest{Command: bigCmd}); err != nil || code != 0 || len(out) != 3<<20+4 {
+		t.Fatalf("big output: %d bytes, %d %v", len(out), code, err)
+	}
+	if out, _, code, err := exec(cubicle.ExecRequest{Command: "echo on-a-tty", PTY: true}); err != nil || code != 0 || !strings.Contains(out, "on-a-tty") {
+		t.Fatalf("PTY command: %q %d %v", out, code, err)
+	}
 	if res, err := c.Run(ctx, sb.Name, "printf abc"); err != nil || res.Stdout != "abc" {
 		t.Fatalf("HTTP execute: %+v %v", res, err)
 	}
@@ -97,8 +104,9 @@ func TestAuditRecord(t *testing.T) {
 	want := append([]string{protocol.EventCreated, protocol.EventStarted}, cmd...)
 	want = append(want, cmd...)
 	want = append(want, protocol.EventCommandStarted, protocol.EventCommandKilled, protocol.EventCommandExited)
-	want = append(want, cmd...)
-	want = append(want, cmd...)
+	for range 4 { // env, big output, PTY, HTTP
+		want = append(want, cmd...)
+	}
 	want = append(want, protocol.EventFileUploaded, protocol.EventFileDownloaded, protocol.EventStopped, protocol.EventStarted)
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("record after kill -9:\n got %v\nwant %v", got, want)
@@ -127,6 +135,13 @@ func TestAuditRecord(t *testing.T) {
 	}
 	if _, d := exited("sleep 30"); d["exit_code"] != nil || d["killed"] != "timeout" || d["error"] != protocol.ErrCommandTimeout {
 		t.Fatalf("timed-out step: %v", d)
+	}
+	if st, d := exited(bigCmd); d["stdout_bytes"] != float64(3<<20+4) || st.Stdout == nil || !st.Stdout.Truncated ||
+		len(st.Stdout.Head) != 512<<10 || !strings.HasSuffix(st.Stdout.Tail, "aaaEND\n") || len(st.Stdout.Tail) != 512<<10 {
+		t.Fatalf("big output step: %v, stdout %d+%d bytes, truncated %v", d, len(st.Stdout.Head), len(st.Stdout.Tail), st.Stdout.Truncated)
+	}
+	if st, _ := exited("echo on-a-tty"); !strings.Contains(string(st.Events[0].Data), `"pty":true`) || !strings.Contains(st.Stdout.Head, "on-a-tty") {
+		t.Fatalf("PTY step: %s %+v", st.Events[0].Data, st.Stdout)
 	}
 	if st, d := exited("printf abc"); d["exit_code"] != 0.0 || st.Stdout == nil || st.Stdout.Head != "abc" {
 		t.Fatalf("HTTP step: %+v %v", st, d)
