@@ -51,6 +51,13 @@ func EnvKeys(env map[string]string) []string {
 
 type cmdKey struct{ sandbox, command string }
 
+// maxOpenCommands bounds the commands the Recorder follows at once (each
+// holds up to OutputCap of output per stream): past it, the oldest is
+// ended as lost. Commands end when they exit, when a reconnect finds them
+// gone, or when their sandbox stops; detached ones nobody reconnects to
+// would otherwise stay open while their sandbox runs.
+const maxOpenCommands = 1024
+
 // Command is one command's open step: it counts and captures its output
 // and records its reconnects, kill and exit as events of the step. Safe
 // for concurrent use; only the first exit counts.
@@ -88,10 +95,21 @@ func (r *Recorder) StartCommand(ctx context.Context, s CommandStart) *Command {
 		Type: protocol.EventCommandStarted, Data: startedData{CommandID: s.CommandID, Command: s.Command, Shell: s.Shell,
 			User: s.User, Cwd: s.Cwd, EnvKeys: s.EnvKeys, TimeoutSeconds: s.TimeoutSeconds, PTY: s.PTY, Via: s.Via}})
 	r.mu.Lock()
+	var evict *Command
 	if s.CommandID != "" {
+		if len(r.cmds) >= maxOpenCommands {
+			for _, o := range r.cmds {
+				if evict == nil || o.start.Before(evict.start) {
+					evict = o
+				}
+			}
+		}
 		r.cmds[c.key] = c
 	}
 	r.mu.Unlock()
+	if evict != nil {
+		evict.Lost(ctx, "too many open commands: no longer followed")
+	}
 	return c
 }
 

@@ -375,3 +375,22 @@ func TestSessionStorageBound(t *testing.T) {
 	}
 	t.Logf("1,000 commands: %d KiB of database (with their 3-byte outputs)", size>>10)
 }
+
+// TestOpenCommandsBounded checks the Recorder follows at most
+// maxOpenCommands commands, ending the oldest as lost.
+func TestOpenCommandsBounded(t *testing.T) {
+	st, _ := openStore(t)
+	r := newRecorder(t, st, Options{})
+	ctx := context.Background()
+	first := r.StartCommand(ctx, CommandStart{SandboxID: "a", CommandID: "first"})
+	for i := range maxOpenCommands {
+		r.StartCommand(ctx, CommandStart{SandboxID: "a", CommandID: fmt.Sprint(i)})
+	}
+	if r.OpenCommand("a", "first") != nil || r.OpenCommand("a", "0") == nil {
+		t.Fatal("the oldest open command was not the one evicted")
+	}
+	evs := events(t, r, store.AuditQuery{SandboxID: "a", Step: first.Step()})
+	if len(evs) != 2 || !bytes.Contains(evs[1].Data, []byte(`"lost":"too many open commands`)) {
+		t.Fatalf("evicted command's events: %+v", evs)
+	}
+}
