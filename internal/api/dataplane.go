@@ -17,7 +17,6 @@ import (
 	"github.com/coder/websocket/wsjson"
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
-	"github.com/cubicle-dev/cubicle/internal/record"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/google/uuid"
@@ -94,16 +93,9 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	stdout, stderr := &cappedOutput{max: s.execOutputLimit}, &cappedOutput{max: s.execOutputLimit}
-	var outw, errw io.Writer = stdout, stderr
-	var cmd *record.Command
-	if s.rec != nil {
-		cmd = s.rec.StartCommand(r.Context(), commandStart(r.PathValue("id"), conn, &f, ownEnvKeys(&protocol.ExecFrame{Env: req.Env, RunConfig: req.RunConfig}), "http"))
-		outw, errw = io.MultiWriter(stdout, streamWriter{cmd, record.Stdout}), io.MultiWriter(stderr, streamWriter{cmd, record.Stderr})
-	}
+	outw, errw, recorded := s.recordExecute(r, conn, &f, req, stdout, stderr)
 	code, err := conn.Agent.Exec(ctx, f, outw, errw)
-	if cmd != nil {
-		recordExecuteEnd(ctx, cmd, code, err)
-	}
+	recorded(ctx, code, err)
 	switch {
 	case errors.Is(err, agent.ErrCommandTimeout):
 		writeDetail(w, http.StatusRequestTimeout, protocol.ErrCommandTimeout, fmt.Sprintf("command timed out after %ds", timeout))

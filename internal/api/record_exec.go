@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
 	"path"
 	"strconv"
 
@@ -182,6 +184,19 @@ type streamWriter struct {
 func (w streamWriter) Write(p []byte) (int, error) {
 	w.cmd.Output(w.stream, -1, p)
 	return len(p), nil
+}
+
+// recordExecute opens the record of POST /execute's command f (req as
+// sent): it returns the writers to give the agent client, which also feed
+// the record, and the call that records how the command ended.
+func (s *Server) recordExecute(r *http.Request, dp *sandbox.Conn, f *protocol.ExecFrame, req protocol.ExecuteRequest,
+	stdout, stderr io.Writer) (outw, errw io.Writer, ended func(ctx context.Context, code int, err error)) {
+	if s.rec == nil {
+		return stdout, stderr, func(context.Context, int, error) {}
+	}
+	cmd := s.rec.StartCommand(r.Context(), commandStart(r.PathValue("id"), dp, f, ownEnvKeys(&protocol.ExecFrame{Env: req.Env, RunConfig: req.RunConfig}), "http"))
+	return io.MultiWriter(stdout, streamWriter{cmd, record.Stdout}), io.MultiWriter(stderr, streamWriter{cmd, record.Stderr}),
+		func(ctx context.Context, code int, err error) { recordExecuteEnd(ctx, cmd, code, err) }
 }
 
 // recordExecuteEnd records how a POST /execute command ended: its exit
