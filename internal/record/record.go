@@ -186,7 +186,9 @@ func (r *Recorder) record(ctx context.Context, e Event) int64 {
 		return 0
 	}
 	last, ok := r.seqs[e.SandboxID]
-	if !ok {
+	// A created event starts its sandbox's record (ids are never reused):
+	// no need to ask the store, on the create path.
+	if !ok && e.Type != protocol.EventCreated {
 		var err error
 		if last, _, err = r.st.MaxAuditSeq(context.WithoutCancel(ctx), e.SandboxID); err != nil {
 			r.log.Error("record: read last seq", "sandbox", e.SandboxID, "err", err)
