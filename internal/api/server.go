@@ -19,6 +19,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accesslog"
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
+	"github.com/cubicle-dev/cubicle/internal/record"
 	"github.com/cubicle-dev/cubicle/internal/telemetry"
 )
 
@@ -51,6 +52,9 @@ type Server struct {
 	tel *telemetry.Telemetry
 	// limiter rate-limits requests per API key; nil without WithRateLimit.
 	limiter *keyLimiter
+	// rec keeps sandboxes' audit records; nil without WithRecorder, and
+	// then nothing is recorded and the audit routes do not exist.
+	rec *record.Recorder
 }
 
 // drain tells long-lived responses that the server is shutting down.
@@ -88,6 +92,12 @@ func WithTelemetry(t *telemetry.Telemetry) Option {
 			s.tel = t
 		}
 	}
+}
+
+// WithRecorder records every command relayed through the dataplane in rec
+// and serves the audit routes from it.
+func WithRecorder(rec *record.Recorder) Option {
+	return func(s *Server) { s.rec = rec }
 }
 
 // New returns a Server. publicURL is the externally reachable base URL from
@@ -140,6 +150,7 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	s.registerProtocolRoutes()
 	s.registerBranchingRoutes()
 	s.registerTenancyRoutes()
+	s.registerRecordRoutes()
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "runtime": mgr.Runtime(), "storage": mgr.StorageBackend()})
 	})

@@ -38,6 +38,7 @@ func Main(args []string) int {
 		newAccessLogCmd(),
 		newQuotaCmd(),
 		newUsageCmd(),
+		newAuditCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {
