@@ -192,11 +192,23 @@ func (w streamWriter) Write(p []byte) (int, error) {
 // the record, and the call that records how the command ended.
 func (s *Server) recordExecute(r *http.Request, dp *sandbox.Conn, f *protocol.ExecFrame, req protocol.ExecuteRequest,
 	stdout, stderr io.Writer) (outw, errw io.Writer, ended func(ctx context.Context, code int, err error)) {
+	own := ownEnvKeys(&protocol.ExecFrame{Env: req.Env, RunConfig: req.RunConfig})
+	outw, errw, _, ended = s.recordCommand(r.Context(), r.PathValue("id"), dp, f, own, "http", stdout, stderr)
+	return outw, errw, ended
+}
+
+// recordCommand opens the record of command f (own env names ownEnv) run
+// through dp in sandboxID by a call that returns its exit (agent.Exec):
+// the writers it returns tee stdout and stderr into the record, step is
+// the command's step, and ended records how the command ended. Without a
+// recorder it records nothing (step 0).
+func (s *Server) recordCommand(ctx context.Context, sandboxID string, dp *sandbox.Conn, f *protocol.ExecFrame, ownEnv []string, via string,
+	stdout, stderr io.Writer) (outw, errw io.Writer, step int64, ended func(ctx context.Context, code int, err error)) {
 	if s.rec == nil {
-		return stdout, stderr, func(context.Context, int, error) {}
+		return stdout, stderr, 0, func(context.Context, int, error) {}
 	}
-	cmd := s.rec.StartCommand(r.Context(), commandStart(r.PathValue("id"), dp, f, ownEnvKeys(&protocol.ExecFrame{Env: req.Env, RunConfig: req.RunConfig}), "http"))
-	return io.MultiWriter(stdout, streamWriter{cmd, record.Stdout}), io.MultiWriter(stderr, streamWriter{cmd, record.Stderr}),
+	cmd := s.rec.StartCommand(ctx, commandStart(sandboxID, dp, f, ownEnv, via))
+	return io.MultiWriter(stdout, streamWriter{cmd, record.Stdout}), io.MultiWriter(stderr, streamWriter{cmd, record.Stderr}), cmd.Step(),
 		func(ctx context.Context, code int, err error) { recordExecuteEnd(ctx, cmd, code, err) }
 }
 

@@ -85,6 +85,7 @@ func newAuditCmd() *cobra.Command {
 	fl.StringSliceVar(&kinds, "kind", nil, "only these kinds: lifecycle, command, file, network, package (comma-separated)")
 	fl.Int64Var(&step, "step", 0, "show one command (its step number) with its output")
 	fl.Int64Var(&since, "since", 0, "only events after this sequence number")
+	cmd.AddCommand(newAuditDiffCmd())
 	return cmd
 }
 

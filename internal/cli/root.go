@@ -39,6 +39,7 @@ func Main(args []string) int {
 		newQuotaCmd(),
 		newUsageCmd(),
 		newAuditCmd(),
+		newReplayCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {

@@ -103,18 +103,13 @@ func (m *Manager) emitStarted(ctx context.Context, sb *store.Sandbox, first, res
 	m.emit(ctx, sb, typ, data)
 }
 
-type branchRef struct {
-	ID   string `json:"id"`
-	Name string `json:"name"`
-}
-
 // emitForked records a fork on the parent (with its branches) and on each
 // branch (with its parent), so either record leads to the other.
 func (m *Manager) emitForked(ctx context.Context, parent *store.Sandbox, snapshotID string, branches []*store.Sandbox) {
-	refs := make([]branchRef, len(branches))
+	refs := make([]protocol.SandboxRef, len(branches))
 	for i, b := range branches {
-		refs[i] = branchRef{b.ID, b.Name}
-		m.emit(ctx, b, protocol.EventForked, map[string]any{"snapshot_id": snapshotID, "parent": branchRef{parent.ID, parent.Name}})
+		refs[i] = protocol.SandboxRef{ID: b.ID, Name: b.Name}
+		m.emit(ctx, b, protocol.EventForked, map[string]any{"snapshot_id": snapshotID, "parent": protocol.SandboxRef{ID: parent.ID, Name: parent.Name}})
 	}
 	m.emit(ctx, parent, protocol.EventForked, map[string]any{"snapshot_id": snapshotID, "children": refs})
 }

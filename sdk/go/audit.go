@@ -119,3 +119,27 @@ func (c *Client) FollowAudit(ctx context.Context, name string, o AuditOptions, e
 	}
 	return nil
 }
+
+// AuditDiff compares the histories of sandboxes a and b (names or ids):
+// the steps they share, then each one's own.
+func (c *Client) AuditDiff(ctx context.Context, a, b string) (*protocol.AuditDiff, error) {
+	var out protocol.AuditDiff
+	q := url.Values{"a": {a}, "b": {b}}
+	if err := c.do(ctx, http.MethodGet, "/audit/diff?"+q.Encode(), nil, &out); err != nil {
+		return nil, fmt.Errorf("audit diff %s %s: %w", a, b, err)
+	}
+	return &out, nil
+}
+
+// Replay re-runs sandbox name's recorded commands in a new sandbox and
+// reports, per step, whether exit and output matched.
+func (c *Client) Replay(ctx context.Context, name string, req protocol.ReplayRequest) (*protocol.ReplayResult, error) {
+	var out protocol.ReplayResult
+	if err := c.do(ctx, http.MethodPost, "/boxes/"+escape(name)+"/replay", req, &out); err != nil {
+		return nil, fmt.Errorf("replay %s: %w", name, err)
+	}
+	if out.Sandbox != nil {
+		c.rememberDataplane(out.Sandbox)
+	}
+	return &out, nil
+}

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"encoding/json"
+	"reflect"
 	"time"
 )
 
@@ -101,4 +102,107 @@ type AuditStep struct {
 	Events []AuditEvent   `json:"events"`
 	Stdout *CommandOutput `json:"stdout,omitempty"`
 	Stderr *CommandOutput `json:"stderr,omitempty"`
+}
+
+// HistoryStep is one command of a sandbox's history: its lineage
+// included, so a fork branch's history begins with its parent's commands
+// up to the fork. SandboxID and Step locate it in the record that holds
+// it (an ancestor's, for inherited steps).
+type HistoryStep struct {
+	SandboxID      string `json:"sandbox_id"`
+	Step           int64  `json:"step"`
+	Command        string `json:"command"`
+	Shell          string `json:"shell,omitempty"`
+	User           string `json:"user,omitempty"`
+	Cwd            string `json:"cwd,omitempty"`
+	TimeoutSeconds int64  `json:"timeout_seconds,omitempty"`
+	ExitCode       *int   `json:"exit_code"`
+	// Error is how a command without an exit code ended (CommandTimeout,
+	// a kill, lost).
+	Error string `json:"error,omitempty"`
+	// Files are the data of the step's file events.
+	Files []json.RawMessage `json:"files,omitempty"`
+}
+
+// AuditDiff compares two sandboxes' histories (GET …/audit/diff?a=&b=):
+// the steps they share (same command, shell, user, cwd and outcome, in
+// the same order), then where each went its own way.
+type AuditDiff struct {
+	A      string        `json:"a"`
+	B      string        `json:"b"`
+	Common []HistoryStep `json:"common"`
+	OnlyA  []HistoryStep `json:"only_a"`
+	OnlyB  []HistoryStep `json:"only_b"`
+}
+
+// ReplayRequest is POST …/boxes/{name}/replay: re-run the sandbox's
+// recorded commands in a new sandbox. Steps are step ids of the sandbox's
+// own record; none (or Steps "all") replays its whole history, lineage
+// included. FromSnapshot (id or name) defaults to the snapshot the
+// history starts from.
+type ReplayRequest struct {
+	FromSnapshot string      `json:"from_snapshot,omitempty"`
+	Steps        ReplaySteps `json:"steps,omitempty"`
+	Name         string      `json:"name,omitempty"`
+}
+
+// ReplaySteps is a list of step ids, or all of them (JSON "all", or
+// absent).
+type ReplaySteps struct {
+	All bool
+	IDs []int64
+}
+
+// UnmarshalJSON accepts "all" or an array of step ids.
+func (s *ReplaySteps) UnmarshalJSON(b []byte) error {
+	var all string
+	if json.Unmarshal(b, &all) == nil {
+		if all != "all" {
+			return &json.UnmarshalTypeError{Value: "string " + all, Type: reflect.TypeOf(s)}
+		}
+		*s = ReplaySteps{All: true}
+		return nil
+	}
+	var ids []int64
+	if err := json.Unmarshal(b, &ids); err != nil {
+		return err
+	}
+	*s = ReplaySteps{IDs: ids, All: len(ids) == 0}
+	return nil
+}
+
+// MarshalJSON writes "all" or the ids.
+func (s ReplaySteps) MarshalJSON() ([]byte, error) {
+	if s.All || len(s.IDs) == 0 {
+		return []byte(`"all"`), nil
+	}
+	return json.Marshal(s.IDs)
+}
+
+// ReplayStepResult is how one replayed command compared with the
+// original.
+type ReplayStepResult struct {
+	Source      HistoryStep `json:"source"`
+	Step        int64       `json:"step"`
+	ExitCode    *int        `json:"exit_code"`
+	Error       string      `json:"error,omitempty"`
+	ExitMatched bool        `json:"exit_matched"`
+	// OutputMatched compares stdout and stderr as the record keeps them:
+	// total bytes, head and tail.
+	OutputMatched bool `json:"output_matched"`
+}
+
+// ReplayResult is the answer of a replay: the new sandbox (with a fresh
+// record of its own) and each step's comparison.
+type ReplayResult struct {
+	Sandbox *Sandbox           `json:"sandbox"`
+	Steps   []ReplayStepResult `json:"steps"`
+	Matched bool               `json:"matched"`
+}
+
+// SandboxRef names a sandbox in an event's data (a fork's parent or
+// children).
+type SandboxRef struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
 }
