@@ -141,6 +141,7 @@ func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*s
 			return nil, err
 		}
 	}
+	m.discardMemory(sb.ID) // its processes do not outlive the files they ran on
 	rid := runtimeID(sb.ID)
 	if err := m.cfg.Storage.Reset(ctx, rid); err != nil {
 		return nil, err

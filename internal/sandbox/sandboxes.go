@@ -35,6 +35,13 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 	if err != nil {
 		return nil, err
 	}
+	if err := m.checkPreserveMemory(req.PreserveMemoryOnStop); err != nil {
+		return nil, err
+	}
+	if _, err := m.snapshotMemory(sn, req.RestoreMemory); err != nil {
+		return nil, err
+	}
+	ctx = WithRestoreMemory(ctx, req.RestoreMemory)
 	proxyConfig := proxyConfigOf(req.ProxyConfig, sn)
 	if err := m.validateEgress(ctx, proxyConfig); err != nil {
 		return nil, err
@@ -48,7 +55,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
 		DeleteAfterStopSeconds: or(req.DeleteAfterStopSeconds, lim.DefaultDeleteAfterStop),
 		RunConfig:              req.RunConfig, Token: randomHex(32), CreatedAt: now, UpdatedAt: now,
-		ProxyConfig: proxyConfig,
+		ProxyConfig: proxyConfig, PreserveMemoryOnStop: req.PreserveMemoryOnStop != nil && *req.PreserveMemoryOnStop,
 	}
 	if sb.Name == "" {
 		sb.Name = "sandbox-" + randomHex(4)
@@ -173,7 +180,7 @@ func (m *Manager) StopSandbox(ctx context.Context, name string) (*store.Sandbox,
 	if statusOf(sb) == Stopped {
 		return sb, nil
 	}
-	return sb, m.halt(ctx, sb, "")
+	return sb, m.stop(ctx, sb, "")
 }
 
 // halt stops sb's processes and network, unmounts its rootfs and records it
@@ -199,7 +206,8 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) error
 // returns the record. Starting a ready sandbox is a no-op, and so is
 // starting one still provisioning: the official client's start() polls the
 // status afterwards, so a 409 there would break sandbox.start() on a box
-// that is simply already up.
+// that is simply already up. ctx may carry restore_memory
+// (WithRestoreMemory).
 func (m *Manager) StartSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
 	sb, err := m.visible(ctx, name)
 	if err != nil {
@@ -272,6 +280,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", sb.Name, err)
 	}
+	m.discardMemory(sb.ID)
 	m.egressDown(ctx, sb.ID)
 	if err := m.transition(ctx, sb, Gone, ""); err != nil {
 		return err
