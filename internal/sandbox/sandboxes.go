@@ -31,11 +31,11 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 	if err := validateSandboxRequest(req, lim, m.ttlUnit()); err != nil {
 		return nil, err
 	}
-	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
-	if err != nil {
+	if err := m.checkPreserveMemory(req.PreserveMemoryOnStop); err != nil {
 		return nil, err
 	}
-	if err := m.checkPreserveMemory(req.PreserveMemoryOnStop); err != nil {
+	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
+	if err != nil {
 		return nil, err
 	}
 	if _, err := m.snapshotMemory(sn, req.RestoreMemory); err != nil {
