@@ -53,8 +53,8 @@ func WithRestoreMemory(ctx context.Context, restore *bool) context.Context {
 	return context.WithValue(ctx, restoreMemoryKey{}, *restore)
 }
 
-// restoreMemoryOf is the restore_memory ctx carries, or nil.
-func restoreMemoryOf(ctx context.Context) *bool {
+// RestoreMemory is the restore_memory ctx carries (WithRestoreMemory), or nil.
+func RestoreMemory(ctx context.Context) *bool {
 	if v, ok := ctx.Value(restoreMemoryKey{}).(bool); ok {
 		return &v
 	}
@@ -103,7 +103,7 @@ type bootMemory struct {
 // memory snapshot sn's image, on a restart its stop image, as ctx's
 // restore_memory says. A required image that is missing is ErrConflict.
 func (m *Manager) bootMemoryOf(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot, first bool) (bootMemory, error) {
-	want := restoreMemoryOf(ctx)
+	want := RestoreMemory(ctx)
 	if first {
 		return m.snapshotMemory(sn, want)
 	}
@@ -148,13 +148,16 @@ func (m *Manager) stop(ctx context.Context, sb *store.Sandbox, msg string) error
 	if err := m.suspend(ctx, sb); err != nil {
 		m.log.Warn("memory-preserving stop fell back to a plain stop", "sandbox", sb.ID, "err", err)
 		note = "memory not preserved (" + err.Error() + "); the next start boots from its files"
-	} else {
-		m.log.Info("sandbox memory checkpointed", "sandbox", sb.ID, "name", sb.Name, "checkpoint", time.Since(t0))
 	}
+	tHalt := time.Now()
 	if msg != "" {
 		note = msg + "; " + note
 	}
-	return m.halt(ctx, sb, note)
+	if err := m.halt(ctx, sb, note); err != nil {
+		return err
+	}
+	m.log.Info("sandbox stopped", "sandbox", sb.ID, "name", sb.Name, "checkpoint", tHalt.Sub(t0), "halt", time.Since(tHalt))
+	return nil
 }
 
 // suspend checkpoints ready sb's memory into its stop image, replacing any

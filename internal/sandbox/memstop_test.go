@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -253,6 +254,31 @@ func TestStopImageLifetime(t *testing.T) {
 	}
 	if _, err := os.Stat(e.m.stopMemoryDir(b.ID)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("delete kept the stop image: %v", err)
+	}
+}
+
+// TestInterruptedCheckpointIsNoImage: an image without its tokenFile (a
+// daemon killed during the checkpoint) is not restored, and the boot
+// removes it.
+func TestInterruptedCheckpointIsNoImage(t *testing.T) {
+	e := newEnv(t)
+	ctx := as(member)
+	sb := e.createPreserving(t, "cut", protocol.CreateSandboxRequest{})
+	if _, err := e.m.StopSandbox(ctx, "cut"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(e.m.stopMemoryDir(sb.ID), tokenFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.StartSandbox(WithRestoreMemory(ctx, ptr(true)), "cut"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("restore_memory: true over an incomplete image: %v", err)
+	}
+	if _, err := e.m.StartSandbox(ctx, "cut"); err != nil {
+		t.Fatal(err)
+	}
+	e.requireRestored(t, sb.ID, false)
+	if _, err := os.Stat(e.m.stopMemoryDir(sb.ID)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the incomplete image outlived the boot: %v", err)
 	}
 }
 

@@ -226,8 +226,9 @@ func TestMemoryPreservingStopLatency(t *testing.T) {
 		bound       time.Duration
 	}{
 		{"idle", "", 400 * time.Millisecond},
-		// bash holds the string it read (200 MB) in its heap while it sleeps.
-		{"200MiB", `setsid bash -c 'x=$(head -c 209715200 /dev/zero | tr "\000" a); echo held > /tmp/held; sleep 100000' </dev/null >/dev/null 2>&1 &
+		// bash holds the string it read (200 MiB) in its heap while it
+		// sleeps; the use of x after the sleep keeps bash from exec'ing it.
+		{"200MiB", `setsid bash -c 'x=$(head -c 209715200 /dev/zero | tr "\000" a); echo held > /tmp/held; sleep 100000; echo ${#x}' </dev/null >/dev/null 2>&1 &
 			for i in $(seq 100); do test -e /tmp/held && break; sleep 0.1; done; test -e /tmp/held`, 0},
 	} {
 		sb := newSandbox(t, c, base.ID, func(r *protocol.CreateSandboxRequest) {
