@@ -159,7 +159,20 @@ func TestRestoreMemoryChoices(t *testing.T) {
 	}
 	e.requireRestored(t, sb.ID, true)
 
-	// On create, restore_memory: true needs a memory snapshot.
+	// On create, restore_memory picks what happens to a memory
+	// snapshot's image: restored when unset or true, not when false.
+	v, err := e.m.CaptureSnapshot(ctx, "choice", protocol.CaptureSnapshotRequest{Name: "mem", IncludeMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]*bool{"m-unset": nil, "m-true": ptr(true), "m-false": ptr(false)} {
+		b, err := e.m.CreateSandbox(ctx, protocol.CreateSandboxRequest{Name: name, SnapshotID: v.Snapshot.ID, RestoreMemory: want})
+		if err != nil || b.Status != protocol.StatusReady {
+			t.Fatalf("create %s: %+v, %v", name, b, err)
+		}
+		e.requireRestored(t, b.ID, want == nil || *want)
+	}
+	// restore_memory: true needs a memory snapshot.
 	_, err = e.m.CreateSandbox(ctx, protocol.CreateSandboxRequest{Name: "must", RestoreMemory: ptr(true)})
 	if !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("create with restore_memory: true from a plain snapshot: %v", err)
