@@ -26,11 +26,14 @@ import (
 //
 // An image lives from its stop to the sandbox's next boot, whatever that
 // boot does (a restore consumes it, a cold boot makes it stale), and goes
-// with a reset, a delete and the next checkpoint. A sandbox that dies, or
-// that a daemon restart finds not running, keeps no memory. The image is
-// not fsynced: it survives the daemon (kill -9 of the daemon while the
-// sandbox is stopped keeps it usable), not a host crash, and a daemon
-// killed during the checkpoint leaves no tokenFile, so no image.
+// with a reset, a delete and the next checkpoint. A sandbox that dies
+// keeps no memory (that is halt, not stop). Crashes: the image is not
+// fsynced, so it survives the daemon (kill -9 while the sandbox is stopped
+// keeps it usable), not the host. A daemon killed during the checkpoint
+// leaves no tokenFile, so no image (the next boot is cold and removes the
+// rest); one killed after the tokenFile but before the halt leaves the
+// instance paused since the checkpoint, so the next daemon's recovery
+// stops it and the image, still matching the files, is restored.
 //
 // restore_memory (create and start) picks, for one boot, what happens to
 // the image it would restore (a memory snapshot's on a first boot, a
@@ -177,7 +180,9 @@ func (m *Manager) suspend(ctx context.Context, sb *store.Sandbox) error {
 	if err := os.MkdirAll(image, 0o700); err != nil {
 		return fmt.Errorf("memory image dir: %w", err)
 	}
-	err := ckpt.Checkpoint(ctx, runtimeID(sb.ID), image)
+	// A client that gives up on its stop must not cost the sandbox its
+	// memory half way: the checkpoint runs to its end.
+	err := ckpt.Checkpoint(context.WithoutCancel(ctx), runtimeID(sb.ID), image)
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(dir, tokenFile), []byte(sb.Token))
 	}
