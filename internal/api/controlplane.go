@@ -31,6 +31,7 @@ func (s *Server) sandboxJSON(sb *store.Sandbox) protocol.Sandbox {
 		IdleTTLSeconds: sb.IdleTTLSeconds, DeleteAfterStopSeconds: sb.DeleteAfterStopSeconds,
 		RunConfig: sb.RunConfig, Runtime: sb.Runtime, CreatedBy: sb.CreatedBy,
 		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt, StoppedAt: sb.StoppedAt,
+		PreserveMemoryOnStop: sb.PreserveMemoryOnStop,
 	}
 }
 
@@ -197,9 +198,21 @@ func (s *Server) stopSandbox(r *http.Request, _ none) (protocol.Sandbox, error) 
 
 // startSandbox boots a stopped or failed sandbox (spec B7), blocking until
 // it is ready, and answers 200 with the Sandbox JSON. Starting a ready (or
-// provisioning) sandbox is a 200 no-op.
-func (s *Server) startSandbox(r *http.Request, _ none) (protocol.Sandbox, error) {
-	return s.sandboxResult(s.mgr.StartSandbox(r.Context(), r.PathValue("name")))
+// provisioning) sandbox is a 200 no-op. restore_memory comes in the
+// optional body or as a query parameter (not both).
+func (s *Server) startSandbox(r *http.Request, req protocol.StartSandboxRequest) (protocol.Sandbox, error) {
+	if q := r.URL.Query(); q.Has("restore_memory") {
+		v, err := strconv.ParseBool(q.Get("restore_memory"))
+		if err != nil {
+			return protocol.Sandbox{}, errdefs.Field("restore_memory", "must be true or false")
+		}
+		if req.RestoreMemory != nil && *req.RestoreMemory != v {
+			return protocol.Sandbox{}, errdefs.Field("restore_memory", "the query and the body disagree")
+		}
+		req.RestoreMemory = &v
+	}
+	ctx := sandbox.WithRestoreMemory(r.Context(), req.RestoreMemory)
+	return s.sandboxResult(s.mgr.StartSandbox(ctx, r.PathValue("name")))
 }
 
 // updateSandbox applies a PATCH (spec B4) and answers the Sandbox JSON.

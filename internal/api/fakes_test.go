@@ -56,6 +56,7 @@ type fakeSandboxes struct {
 	calls     []string
 	create    protocol.CreateSandboxRequest
 	update    protocol.UpdateSandboxRequest
+	restore   *bool // the restore_memory the last start carried
 	list      store.ListOptions
 	listN     int // how many items a list returns
 }
@@ -204,6 +205,7 @@ func (f *fakeSandboxes) StartSandbox(ctx context.Context, name string) (*store.S
 	if err := f.call("StartSandbox"); err != nil {
 		return nil, err
 	}
+	f.restore = sandbox.RestoreMemory(ctx)
 	sb, err := f.visible(ctx, name)
 	if err == nil {
 		sb.Status = protocol.StatusReady

@@ -528,3 +528,46 @@ func TestRegistries(t *testing.T) {
 		t.Fatalf("get after delete: %d", st)
 	}
 }
+
+// TestStartRestoreMemory: restore_memory reaches the manager from the
+// start body or query (unset is nil), and a bad or contradictory value is
+// a 422 naming it; the sandbox JSON carries preserve_memory_on_stop.
+func TestStartRestoreMemory(t *testing.T) {
+	ta := newTestAPI(t, false)
+	const start = "/v2/sandboxes/boxes/bobs/start"
+	for _, c := range []struct {
+		path string
+		body any
+		want *bool
+	}{
+		{start, "", nil},
+		{start, `{"restore_memory":false}`, ptrTo(false)},
+		{start + "?restore_memory=true", nil, ptrTo(true)},
+		{start + "?restore_memory=false", `{"restore_memory":false}`, ptrTo(false)},
+	} {
+		ta.mgr.restore = ptrTo(true) // stale from an earlier start
+		st, body := ta.do(t, "POST", c.path, memberKey, c.body)
+		got := ta.mgr.restore
+		if st != 200 || (got == nil) != (c.want == nil) || got != nil && *got != *c.want {
+			t.Errorf("%s %v: %d %v, manager got restore_memory %v", c.path, c.body, st, body, got)
+		}
+	}
+	for _, c := range []struct {
+		path string
+		body any
+	}{
+		{start + "?restore_memory=maybe", nil},
+		{start + "?restore_memory=true", `{"restore_memory":false}`},
+	} {
+		st, body := ta.do(t, "POST", c.path, memberKey, c.body)
+		if loc, typ := validation(body); st != 422 || loc != "body/restore_memory" || typ != valueError {
+			t.Errorf("%s %v: %d %v, want 422 at restore_memory", c.path, c.body, st, body)
+		}
+	}
+	ta.mgr.sandboxes["bobs"].PreserveMemoryOnStop = true
+	if st, body := ta.do(t, "GET", "/v2/sandboxes/boxes/bobs", memberKey, nil); st != 200 || field(body, "preserve_memory_on_stop") != true {
+		t.Fatalf("get: %d %v", st, body)
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }

@@ -134,3 +134,45 @@ func TestMissingAPIKeyIsClear(t *testing.T) {
 		t.Errorf("err = %v, want a message naming %s", err, envAPIKey)
 	}
 }
+
+// TestMemoryFlags: --preserve-memory-on-stop reaches the create body and
+// --restore-memory the start body; left out, neither is sent.
+func TestMemoryFlags(t *testing.T) {
+	mux := http.NewServeMux()
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	t.Setenv(envEndpoint, srv.URL)
+	t.Setenv(envAPIKey, "k")
+	var bodies []string
+	record := func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		bodies = append(bodies, strings.TrimSpace(string(b)))
+		json.NewEncoder(w).Encode(protocol.Sandbox{Name: "box", Status: "ready"})
+	}
+	mux.HandleFunc("POST /v2/sandboxes/boxes", record)
+	mux.HandleFunc("POST /v2/sandboxes/boxes/box/start", record)
+	ready := func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(protocol.Sandbox{Name: "box", Status: "ready"})
+	}
+	mux.HandleFunc("GET /v2/sandboxes/boxes/box", ready)
+	mux.HandleFunc("GET /v2/sandboxes/boxes/box/status", ready)
+	for _, c := range []struct {
+		cmd  *cobra.Command
+		args []string
+		want string // in the body; "" checks memory options are absent
+	}{
+		{newSandboxCreateCmd(), []string{"--preserve-memory-on-stop"}, `"preserve_memory_on_stop":true`},
+		{newSandboxCreateCmd(), nil, ""},
+		{newSandboxStartCmd(), []string{"box", "--restore-memory=false"}, `"restore_memory":false`},
+		{newSandboxStartCmd(), []string{"box", "--restore-memory"}, `"restore_memory":true`},
+		{newSandboxStartCmd(), []string{"box"}, ""},
+	} {
+		bodies = nil
+		if _, _, err := runCmd(c.cmd, "", c.args...); err != nil || len(bodies) != 1 {
+			t.Fatalf("%v: %v, %d requests", c.args, err, len(bodies))
+		}
+		if c.want != "" && !strings.Contains(bodies[0], c.want) || c.want == "" && strings.Contains(bodies[0], "memory") {
+			t.Errorf("%v sent %s, want %q", c.args, bodies[0], c.want)
+		}
+	}
+}

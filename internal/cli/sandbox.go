@@ -3,12 +3,14 @@ package cli
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
 	"github.com/dustin/go-humanize"
 	"github.com/google/uuid"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -34,6 +36,8 @@ type sandboxCreateFlags struct {
 	memory     string
 	fsCapacity string
 	timeout    int64
+	// preserveMemory is --preserve-memory-on-stop; nil when not given.
+	preserveMemory *bool
 }
 
 func newSandboxCreateCmd() *cobra.Command {
@@ -69,15 +73,44 @@ func newSandboxCreateCmd() *cobra.Command {
 	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512MiB (default: the daemon's)")
 	fl.StringVar(&f.fsCapacity, "fs-capacity", "", "filesystem capacity, e.g. 10GiB (default: the snapshot's)")
 	fl.Int64Var(&f.timeout, "timeout", 60, "seconds the daemon may take to make the sandbox ready")
+	optionalBool(fl, &f.preserveMemory, "preserve-memory-on-stop", "checkpoint the sandbox's memory at every stop, so a start resumes its processes (gvisor)")
 	return cmd
 }
+
+// optionalBool defines bool flag name whose *p stays nil unless given, for
+// request fields whose absence differs from false.
+func optionalBool(fl *pflag.FlagSet, p **bool, name, usage string) {
+	fl.Var(&optBool{p: p}, name, usage)
+	fl.Lookup(name).NoOptDefVal = "true"
+}
+
+// optBool is the pflag.Value of optionalBool.
+type optBool struct{ p **bool }
+
+func (o *optBool) String() string {
+	if o.p == nil || *o.p == nil {
+		return ""
+	}
+	return strconv.FormatBool(**o.p)
+}
+
+func (o *optBool) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return err
+	}
+	*o.p = &v
+	return nil
+}
+
+func (o *optBool) Type() string { return "bool" }
 
 // request turns the flags into the create body. A --snapshot that parses as
 // a UUID is an id, anything else a name.
 func (f sandboxCreateFlags) request() (protocol.CreateSandboxRequest, error) {
 	wait := true
 	timeout := f.timeout
-	req := protocol.CreateSandboxRequest{WaitForReady: &wait, Timeout: &timeout, Name: f.name}
+	req := protocol.CreateSandboxRequest{WaitForReady: &wait, Timeout: &timeout, Name: f.name, PreserveMemoryOnStop: f.preserveMemory}
 	if f.snapshot != "" {
 		if _, err := uuid.Parse(f.snapshot); err == nil {
 			req.SnapshotID = f.snapshot
@@ -174,6 +207,7 @@ func newSandboxStopCmd() *cobra.Command {
 
 func newSandboxStartCmd() *cobra.Command {
 	var wait time.Duration
+	var req protocol.StartSandboxRequest
 	cmd := &cobra.Command{
 		Use:   "start NAME...",
 		Short: "Start stopped sandboxes and wait until they are ready",
@@ -184,7 +218,7 @@ func newSandboxStartCmd() *cobra.Command {
 				return err
 			}
 			return forEachArg(cmd, args, func(n string) error {
-				if err := c.StartSandbox(cmd.Context(), n); err != nil {
+				if err := c.StartSandboxWith(cmd.Context(), n, req); err != nil {
 					return err
 				}
 				ctx, cancel := context.WithTimeout(cmd.Context(), wait)
@@ -195,5 +229,7 @@ func newSandboxStartCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().DurationVar(&wait, "wait", 2*time.Minute, "how long to wait for each sandbox to be ready")
+	optionalBool(cmd.Flags(), &req.RestoreMemory, "restore-memory",
+		"resume from the memory a memory-preserving stop kept: true requires it, false boots cold and discards it (default: if there is one)")
 	return cmd
 }

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
@@ -56,6 +57,7 @@ type instance struct {
 	client   *agent.Client
 	restored bool
 	phases   []phase
+	note     string // the status message bind records with ready
 }
 
 // boot brings sb from provisioning or stopped to ready. On failure it tears
@@ -91,6 +93,10 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		}
 		m.emit(ctx, sb, protocol.EventBootFailed, map[string]any{"first": first, "error": err.Error()})
 	}()
+	mem, err := m.bootMemoryOf(ctx, sb, sn, first)
+	if err != nil {
+		return err
+	}
 	if first {
 		if err := m.seedIdentity(ctx, runtimeID(sb.ID), sn); err != nil {
 			return err
@@ -107,7 +113,17 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	// The boot's own writes (overlay's work dir, the CA bundle) get a
 	// reserve above fs_capacity_bytes, so a sandbox that filled its
 	// capacity still boots; bind drops the limit back.
-	inst, err := m.prepare(ctx, &undo, sn, first, m.identityOf(sb, token), sb.FSCapacityBytes+bootReserveBytes)
+	inst, err := m.prepare(ctx, &undo, sn, first, mem.dir, m.identityOf(sb, token), sb.FSCapacityBytes+bootReserveBytes)
+	if err != nil && mem.fallback {
+		m.log.Warn("memory restore failed; booting cold", "sandbox", sb.ID, "err", err)
+		if cerr := undo.Run(ctx); cerr != nil {
+			m.log.Error("clean up failed restore", "sandbox", sb.ID, "err", cerr)
+		}
+		rerr := err
+		if inst, err = m.prepare(ctx, &undo, sn, first, "", m.identityOf(sb, token), sb.FSCapacityBytes+bootReserveBytes); err == nil {
+			inst.note = "memory not restored (" + rerr.Error() + "); booted from its files"
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -116,6 +132,9 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	}
 	undo.Release()
 	m.emitStarted(ctx, sb, first, inst.restored, time.Since(start))
+	if !first {
+		m.discardMemory(sb.ID) // restored or stale: a stop image serves one boot
+	}
 	m.log.InfoContext(ctx, "sandbox ready", append([]any{"sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(),
 		"restored", inst.restored, "boot", time.Since(start)}, m.observePhases(ctx, op, inst.phases)...)...)
 	return nil
@@ -123,15 +142,12 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 
 // prepare brings up an instance of snapshot sn for identity id: rootfs
 // (limited to fsLimit while booting), netns, egress, runtime, agent. Every
-// step pushes its undo on undo. A first boot of a memory snapshot restores
-// it instead of starting afresh.
-func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Snapshot, first bool, id identity, fsLimit int64) (*instance, error) {
+// step pushes its undo on undo. With mem (a memory image's dir, see
+// bootMemory) the runtime restores the image instead of starting afresh.
+func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Snapshot, first bool, mem string, id identity, fsLimit int64) (*instance, error) {
 	rid := runtimeID(id.id)
 	t0 := time.Now()
-	image, restore := "", false
-	if first {
-		image, restore = m.memoryImage(sn)
-	}
+	restore := mem != ""
 	if _, err := m.cfg.Storage.Prepare(ctx, rid); err != nil {
 		return nil, err
 	}
@@ -164,15 +180,15 @@ func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Sn
 	}
 	tEgress := time.Now()
 	if restore {
-		if err := m.cfg.Driver.(runtime.Checkpointer).Restore(ctx, spec, image); err != nil {
-			return nil, &BootError{Err: fmt.Errorf("restore %s sandbox from memory snapshot %s: %w", m.cfg.Driver.Name(), sn.ID, err)}
+		if err := m.cfg.Driver.(runtime.Checkpointer).Restore(ctx, spec, filepath.Join(mem, memoryImageDir)); err != nil {
+			return nil, &BootError{Err: fmt.Errorf("restore %s sandbox from its memory image: %w", m.cfg.Driver.Name(), err)}
 		}
 	} else if err := m.cfg.Driver.Start(ctx, spec); err != nil {
 		return nil, &BootError{Err: fmt.Errorf("start %s sandbox: %w", m.cfg.Driver.Name(), err)}
 	}
 	undo.Push(func(ctx context.Context) error { return m.cfg.Driver.Stop(ctx, rid) })
 	tDriver := time.Now()
-	client, err := m.waitAgent(ctx, m.agentAddr(ep.SandboxIP), id.token, sn, restore)
+	client, err := m.waitAgent(ctx, m.agentAddr(ep.SandboxIP), id.token, mem)
 	if err != nil {
 		return nil, &BootError{Err: err}
 	}
@@ -188,7 +204,7 @@ func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Sn
 // agent, watcher and idle clock are sb's.
 func (m *Manager) bind(ctx context.Context, sb *store.Sandbox, inst *instance) error {
 	m.limitFS(ctx, sb.ID, sb.FSCapacityBytes)
-	if err := m.transition(ctx, sb, Ready, ""); err != nil {
+	if err := m.transition(ctx, sb, Ready, inst.note); err != nil {
 		return err
 	}
 	m.setAgent(sb.ID, inst.client)

@@ -197,6 +197,7 @@ func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*s
 		}
 		m.emit(ctx, sb, protocol.EventStopped, stopReason{Reason: "reset"})
 	}
+	m.discardMemory(sb.ID) // its processes do not outlive the files they ran on
 	// Stopped now, it starts again within the running quotas.
 	release, err := m.quota.reserve(ctx, sb.WorkspaceID, runClaim(sb))
 	if err != nil {

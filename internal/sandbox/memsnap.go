@@ -49,33 +49,29 @@ const (
 	tokenFile      = "agent-token"
 )
 
-// memoryImage returns the memory image directory of snapshot sn and true
-// when sn has a complete one that this daemon's runtime can restore.
+// memoryImage returns the memory dir of snapshot sn (its image and
+// tokenFile) and true when sn has a complete image that this daemon's
+// runtime can restore.
 func (m *Manager) memoryImage(sn *store.Snapshot) (string, bool) {
 	if sn.SourceSandboxID == "" {
 		return "", false
 	}
-	if _, ok := m.cfg.Driver.(runtime.Checkpointer); !ok {
-		return "", false
-	}
 	dir := m.cfg.Storage.MemoryDir(sn.ID)
-	if _, err := os.Stat(filepath.Join(dir, tokenFile)); err != nil {
-		return "", false
-	}
-	return filepath.Join(dir, memoryImageDir), true
+	return dir, m.completeMemory(dir)
 }
 
 // waitAgent waits until the new instance's agent answers at addr and
-// returns a client for it holding token. A restored agent (restore) still
-// holds the token its source had at the capture, recorded in sn's
-// tokenFile: it is replaced by token before the sandbox is handed out, so
-// the source and every branch each answer to their own token only.
-func (m *Manager) waitAgent(ctx context.Context, addr, token string, sn *store.Snapshot, restore bool) (*agent.Client, error) {
+// returns a client for it holding token. An agent restored from the
+// memory image in mem ("" for a cold boot) still holds the token recorded
+// in mem's tokenFile (its source's at the capture, or its own at a
+// memory-preserving stop): it is replaced by token before the sandbox is
+// handed out, so each instance answers to its own token only.
+func (m *Manager) waitAgent(ctx context.Context, addr, token, mem string) (*agent.Client, error) {
 	boot := token
-	if restore {
-		b, err := os.ReadFile(filepath.Join(m.cfg.Storage.MemoryDir(sn.ID), tokenFile))
+	if mem != "" {
+		b, err := os.ReadFile(filepath.Join(mem, tokenFile))
 		if err != nil {
-			return nil, fmt.Errorf("read memory snapshot %s's agent token: %w", sn.ID, err)
+			return nil, fmt.Errorf("read memory image's agent token: %w", err)
 		}
 		boot = strings.TrimSpace(string(b))
 	}
@@ -84,7 +80,7 @@ func (m *Manager) waitAgent(ctx context.Context, addr, token string, sn *store.S
 		client.Close()
 		return nil, fmt.Errorf("wait for agent: %w", err)
 	}
-	if restore {
+	if mem != "" {
 		if err := client.RotateToken(ctx, token); err != nil {
 			client.Close()
 			return nil, fmt.Errorf("give the restored agent its own token: %w", err)

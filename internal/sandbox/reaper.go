@@ -177,7 +177,7 @@ func (m *Manager) reapIdle(ctx context.Context, sb *store.Sandbox) {
 	}
 	msg := fmt.Sprintf("stopped after %s without activity (idle_ttl_seconds=%d); the next request starts it again", ttl, cur.IdleTTLSeconds)
 	m.log.Info("idle sandbox stopped", "sandbox", cur.ID, "name", cur.Name, "idle_ttl", ttl)
-	if err := m.halt(ctx, cur, msg); err != nil {
+	if err := m.stop(ctx, cur, msg); err != nil {
 		m.log.Error("stop idle sandbox", "sandbox", cur.ID, "err", err)
 		return
 	}

@@ -47,8 +47,14 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 	if err := validateSandboxRequest(req, lim, m.ttlUnit()); err != nil {
 		return nil, nil, err
 	}
+	if err := m.checkPreserveMemory(req.PreserveMemoryOnStop); err != nil {
+		return nil, nil, err
+	}
 	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
 	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := m.snapshotMemory(sn, req.RestoreMemory); err != nil {
 		return nil, nil, err
 	}
 	proxyConfig := proxyConfigOf(req.ProxyConfig, sn)
@@ -64,7 +70,7 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
 		DeleteAfterStopSeconds: or(req.DeleteAfterStopSeconds, lim.DefaultDeleteAfterStop),
 		RunConfig:              req.RunConfig, Token: randomHex(32), CreatedAt: now, UpdatedAt: now,
-		ProxyConfig: proxyConfig,
+		ProxyConfig: proxyConfig, PreserveMemoryOnStop: req.PreserveMemoryOnStop != nil && *req.PreserveMemoryOnStop,
 	}
 	if sb.Name == "" {
 		sb.Name = "sandbox-" + randomHex(4)
@@ -76,6 +82,7 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 // req asks, waits for it (see CreateSandbox). Its record begins here.
 func (m *Manager) bootNew(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot, req protocol.CreateSandboxRequest) (*store.Sandbox, error) {
 	m.emit(ctx, sb, protocol.EventCreated, createdData(sb))
+	ctx = WithRestoreMemory(ctx, req.RestoreMemory)
 	done := make(chan error, 1)
 	m.goBG(func() {
 		bctx := context.WithoutCancel(ctx) // the boot outlives a create that does not wait
@@ -193,7 +200,7 @@ func (m *Manager) StopSandbox(ctx context.Context, name string) (*store.Sandbox,
 	if statusOf(sb) == Stopped {
 		return sb, nil
 	}
-	if err := m.halt(ctx, sb, ""); err != nil {
+	if err := m.stop(ctx, sb, ""); err != nil {
 		return sb, err
 	}
 	m.emit(ctx, sb, protocol.EventStopped, stopReason{Reason: protocol.StopAPI})
@@ -225,7 +232,8 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) (err 
 // returns the record. Starting a ready sandbox is a no-op, and so is
 // starting one still provisioning: the official client's start() polls the
 // status afterwards, so a 409 there would break sandbox.start() on a box
-// that is simply already up.
+// that is simply already up. ctx may carry restore_memory
+// (WithRestoreMemory).
 func (m *Manager) StartSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
 	sb, err := m.visible(ctx, name)
 	if err != nil {
@@ -308,6 +316,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", sb.Name, err)
 	}
+	m.discardMemory(sb.ID)
 	m.egressDown(ctx, sb.ID)
 	if err := m.transition(ctx, sb, Gone, ""); err != nil {
 		return err

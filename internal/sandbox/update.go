@@ -17,12 +17,13 @@ import (
 var ErrInvalidRequest = errors.New("invalid request")
 
 // UpdateSandbox applies a PATCH (spec B4): rename (a clash is ErrConflict),
-// TTLs, the sandbox's own run_config layer (replaced, it applies to the
-// next command), proxy_config (stored as sent; only while ready) and a
-// resize within the workspace's quotas (vcpus and mem_bytes apply from
-// the next start, as the runtime cannot change a running instance's;
-// fs_capacity_bytes at once). A request that sets nothing returns the
-// sandbox unchanged, like GET.
+// TTLs, preserve_memory_on_stop (from the next stop), the sandbox's own
+// run_config layer (replaced, it applies to the next command),
+// proxy_config (stored as sent; only while ready) and a resize within the
+// workspace's quotas (vcpus and mem_bytes apply from the next start, as
+// the runtime cannot change a running instance's; fs_capacity_bytes at
+// once). A request that sets nothing returns the sandbox unchanged, like
+// GET.
 func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.UpdateSandboxRequest) (*store.Sandbox, error) {
 	sb, err := m.visible(ctx, name)
 	if err != nil {
@@ -32,6 +33,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 		return sb, nil
 	}
 	if err := validateUpdateRequest(req, m.cfg.Limits, m.ttlUnit()); err != nil {
+		return nil, err
+	}
+	if err := m.checkPreserveMemory(req.PreserveMemoryOnStop); err != nil {
 		return nil, err
 	}
 	sb, unlock, err := m.lockID(ctx, sb.ID)
@@ -67,6 +71,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	}
 	if req.DeleteAfterStopSeconds != nil {
 		sb.DeleteAfterStopSeconds = *req.DeleteAfterStopSeconds
+	}
+	if req.PreserveMemoryOnStop != nil {
+		sb.PreserveMemoryOnStop = *req.PreserveMemoryOnStop
 	}
 	if req.RunConfig != nil {
 		rc := *req.RunConfig

@@ -188,6 +188,9 @@ var migrations = []string{
 		PRIMARY KEY (sandbox_id, step, stream)
 	) WITHOUT ROWID;
 	CREATE INDEX IF NOT EXISTS audit_outputs_time ON audit_outputs(time);`,
+	// 9: preserve_memory_on_stop: a stop checkpoints the sandbox's memory
+	// and the next start restores it.
+	`ALTER TABLE sandboxes ADD COLUMN preserve_memory_on_stop INTEGER NOT NULL DEFAULT 0;`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -479,7 +482,7 @@ func (s *SQLite) DeleteSnapshot(ctx context.Context, workspaceID, id string) err
 	})
 }
 
-const sandboxCols = `id, workspace_id, created_by, name, status, status_message, snapshot_id, runtime, vcpus, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, run_config, token, created_at, updated_at, stopped_at, proxy_config, last_active_at`
+const sandboxCols = `id, workspace_id, created_by, name, status, status_message, snapshot_id, runtime, vcpus, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, run_config, token, created_at, updated_at, stopped_at, proxy_config, last_active_at, preserve_memory_on_stop`
 
 func nullRunConfig(rc *protocol.RunConfig) any {
 	if rc == nil {
@@ -512,11 +515,11 @@ func nullTime(t *time.Time) any {
 
 // CreateSandbox inserts a sandbox record; a name clash wraps ErrConflict.
 func (s *SQLite) CreateSandbox(ctx context.Context, sb *Sandbox) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.WorkspaceID, sb.CreatedBy, sb.Name, sb.Status, sb.StatusMessage, sb.SnapshotID, sb.Runtime,
 		sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds,
 		nullRunConfig(sb.RunConfig), sb.Token, fmtTime(sb.CreatedAt), fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt),
-		nullJSON(sb.ProxyConfig), nullFixedTime(sb.LastActiveAt))
+		nullJSON(sb.ProxyConfig), nullFixedTime(sb.LastActiveAt), sb.PreserveMemoryOnStop)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
 	}
@@ -531,9 +534,11 @@ func (s *SQLite) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 // before some activity cannot roll it back).
 func (s *SQLite) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET name=?, status=?, status_message=?, idle_ttl_seconds=?,
-		delete_after_stop_seconds=?, run_config=?, updated_at=?, stopped_at=?, proxy_config=?, vcpus=?, mem_bytes=?, fs_capacity_bytes=? WHERE id=?`,
+		delete_after_stop_seconds=?, run_config=?, updated_at=?, stopped_at=?, proxy_config=?, vcpus=?, mem_bytes=?, fs_capacity_bytes=?,
+		preserve_memory_on_stop=? WHERE id=?`,
 		sb.Name, sb.Status, sb.StatusMessage, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds, nullRunConfig(sb.RunConfig),
-		fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt), nullJSON(sb.ProxyConfig), sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes, sb.ID)
+		fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt), nullJSON(sb.ProxyConfig), sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes,
+		sb.PreserveMemoryOnStop, sb.ID)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
 	}
@@ -552,7 +557,7 @@ func scanSandbox(row scanner) (*Sandbox, error) {
 	var created, updated string
 	if err := row.Scan(&sb.ID, &sb.WorkspaceID, &sb.CreatedBy, &sb.Name, &sb.Status, &sb.StatusMessage, &sb.SnapshotID,
 		&sb.Runtime, &sb.VCPUs, &sb.MemBytes, &sb.FSCapacityBytes, &sb.IdleTTLSeconds, &sb.DeleteAfterStopSeconds,
-		&rc, &sb.Token, &created, &updated, &stopped, &proxy, &active); err != nil {
+		&rc, &sb.Token, &created, &updated, &stopped, &proxy, &active, &sb.PreserveMemoryOnStop); err != nil {
 		return nil, err
 	}
 	if proxy.Valid {

@@ -152,3 +152,32 @@ func TestListSandboxesCreatedByPagesAfterFilter(t *testing.T) {
 		t.Fatalf("paged through %d of b's 10 sandboxes: %v", len(seen), seen)
 	}
 }
+
+// TestPreserveMemoryOnStopPersists checks the flag is stored on create,
+// rewritten by UpdateSandbox and read back after a reopen.
+func TestPreserveMemoryOnStopPersists(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "c.db")
+	st := openTest(t, path)
+	now := time.Now().UTC()
+	if err := st.EnsureWorkspace(ctx, Workspace{ID: "w", Name: "w", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	sb := &Sandbox{ID: "b1", WorkspaceID: "w", CreatedBy: "u", Name: "box", Status: protocol.StatusReady,
+		Token: "tok", CreatedAt: now, UpdatedAt: now, PreserveMemoryOnStop: true}
+	if err := st.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.GetSandboxByID(ctx, "b1"); err != nil || !got.PreserveMemoryOnStop {
+		t.Fatalf("after create: %+v, %v", got, err)
+	}
+	sb.PreserveMemoryOnStop = false
+	if err := st.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	st = openTest(t, path)
+	if got, err := st.GetSandboxByID(ctx, "b1"); err != nil || got.PreserveMemoryOnStop {
+		t.Fatalf("after update and reopen: %+v, %v", got, err)
+	}
+}

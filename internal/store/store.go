@@ -161,6 +161,9 @@ type Sandbox struct {
 	// LastActiveAt is the last persisted activity (see the manager's idle
 	// reaper); it lags the live value by at most one reap interval.
 	LastActiveAt *time.Time
+	// PreserveMemoryOnStop makes a stop checkpoint the sandbox's memory,
+	// which the next start restores.
+	PreserveMemoryOnStop bool
 }
 
 // Registry holds a workspace's pull credentials for one image registry.

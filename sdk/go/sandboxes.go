@@ -70,7 +70,12 @@ func (c *Client) StopSandbox(ctx context.Context, name string) error {
 // StartSandbox starts a stopped (or failed) sandbox. The server may return
 // before it is ready; follow with WaitSandbox.
 func (c *Client) StartSandbox(ctx context.Context, name string) error {
-	if err := c.do(ctx, http.MethodPost, "/boxes/"+escape(name)+"/start", struct{}{}, nil); err != nil {
+	return c.StartSandboxWith(ctx, name, protocol.StartSandboxRequest{})
+}
+
+// StartSandboxWith is StartSandbox with options (restore_memory).
+func (c *Client) StartSandboxWith(ctx context.Context, name string, req protocol.StartSandboxRequest) error {
+	if err := c.do(ctx, http.MethodPost, "/boxes/"+escape(name)+"/start", req, nil); err != nil {
 		return fmt.Errorf("start sandbox %q: %w", name, err)
 	}
 	return nil

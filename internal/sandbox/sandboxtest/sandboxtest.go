@@ -223,6 +223,11 @@ type Driver struct {
 	// StartHook, when set, runs at the start of Start and Restore; an
 	// error fails the start.
 	StartHook func(ctx context.Context, spec runtime.Spec) error
+	// CheckpointErr, when set, fails every Checkpoint (after pausing, as
+	// a real one may).
+	CheckpointErr error
+	// RestoreErr, when set, fails every Restore.
+	RestoreErr error
 
 	mu     sync.Mutex
 	boxes  map[string]*instance
@@ -230,10 +235,11 @@ type Driver struct {
 }
 
 type instance struct {
-	spec  runtime.Spec
-	srv   *http.Server
-	proc  *exec.Cmd
-	agent *Agent
+	spec     runtime.Spec
+	srv      *http.Server
+	proc     *exec.Cmd
+	agent    *Agent
+	restored bool
 }
 
 // NewDriver returns a Driver whose agents listen on a free port.
@@ -252,10 +258,10 @@ func (d *Driver) Name() string { return "fake" }
 
 // Start implements runtime.Driver.
 func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
-	return d.start(ctx, spec, spec.Token)
+	return d.start(ctx, spec, spec.Token, false)
 }
 
-func (d *Driver) start(ctx context.Context, spec runtime.Spec, token string) error {
+func (d *Driver) start(ctx context.Context, spec runtime.Spec, token string, restored bool) error {
 	if d.StartHook != nil {
 		if err := d.StartHook(ctx, spec); err != nil {
 			return err
@@ -279,7 +285,7 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, token string) err
 	srv := &http.Server{Handler: a}
 	go srv.Serve(l)
 	d.mu.Lock()
-	d.boxes[spec.ID] = &instance{spec: spec, srv: srv, proc: proc, agent: a}
+	d.boxes[spec.ID] = &instance{spec: spec, srv: srv, proc: proc, agent: a, restored: restored}
 	d.mu.Unlock()
 	return nil
 }
@@ -347,6 +353,15 @@ func (d *Driver) Agent(id string) *Agent {
 	return nil
 }
 
+// Restored reports whether running sandbox id was restored from a memory
+// image rather than started.
+func (d *Driver) Restored(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in := d.boxes[id]
+	return in != nil && in.restored
+}
+
 // Instances counts the instances running.
 func (d *Driver) Instances() int {
 	d.mu.Lock()
@@ -394,16 +409,22 @@ func (d *Driver) Checkpoint(_ context.Context, id, dir string) error {
 	if in == nil {
 		return fmt.Errorf("fake driver: %s not running", id)
 	}
+	if d.CheckpointErr != nil {
+		return d.CheckpointErr
+	}
 	return os.WriteFile(filepath.Join(dir, imageToken), []byte(in.agent.Token()), 0o600)
 }
 
 // Restore implements runtime.Checkpointer.
 func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, dir string) error {
+	if d.RestoreErr != nil {
+		return d.RestoreErr
+	}
 	tok, err := os.ReadFile(filepath.Join(dir, imageToken))
 	if err != nil {
 		return fmt.Errorf("fake restore: %w", err)
 	}
-	return d.start(ctx, spec, string(tok))
+	return d.start(ctx, spec, string(tok), true)
 }
 
 // Agent is a fake agent: it answers the agent API's health, activity and

@@ -104,6 +104,9 @@ type Sandbox struct {
 	CreatedAt              time.Time  `json:"created_at"`
 	UpdatedAt              time.Time  `json:"updated_at"`
 	StoppedAt              *time.Time `json:"stopped_at"`
+	// PreserveMemoryOnStop: a stop (explicit or idle) checkpoints the
+	// sandbox's memory and the next start resumes its processes.
+	PreserveMemoryOnStop bool `json:"preserve_memory_on_stop"`
 }
 
 // CreateSnapshotRequest is the body of POST /snapshots (spec S1).
@@ -146,6 +149,22 @@ type CreateSandboxRequest struct {
 	// AccessDelegation is accepted and checked but grants nothing yet:
 	// Cubicle gives code in a sandbox no control-plane credential.
 	AccessDelegation *AccessDelegation `json:"access_delegation,omitempty"`
+	// PreserveMemoryOnStop is stored on the sandbox (see Sandbox).
+	PreserveMemoryOnStop *bool `json:"preserve_memory_on_stop,omitempty"`
+	// RestoreMemory chooses, for this boot only, what happens to the
+	// snapshot's memory image: nil restores it when there is one, true
+	// requires one, false boots cold.
+	RestoreMemory *bool `json:"restore_memory,omitempty"`
+}
+
+// StartSandboxRequest is the optional body of POST /boxes/{name}/start.
+type StartSandboxRequest struct {
+	// RestoreMemory chooses what happens to the memory image a
+	// memory-preserving stop left: nil restores it when there is one
+	// (falling back to a cold boot if the restore fails), true requires
+	// it (no image, or a failed restore, fails the start), false boots
+	// cold and discards it. Also accepted as ?restore_memory=.
+	RestoreMemory *bool `json:"restore_memory,omitempty"`
 }
 
 // UpdateSandboxRequest is the body of PATCH /boxes/{name} (spec B4). Every
@@ -166,11 +185,14 @@ type UpdateSandboxRequest struct {
 	VCPUs           *int64 `json:"vcpus,omitempty"`
 	MemBytes        *int64 `json:"mem_bytes,omitempty"`
 	FSCapacityBytes *int64 `json:"fs_capacity_bytes,omitempty"`
+	// PreserveMemoryOnStop replaces the stored flag; it applies from the
+	// next stop.
+	PreserveMemoryOnStop *bool `json:"preserve_memory_on_stop,omitempty"`
 }
 
 // Empty reports whether the request changes nothing.
 func (r UpdateSandboxRequest) Empty() bool {
-	return r.Name == nil && r.IdleTTLSeconds == nil && r.DeleteAfterStopSeconds == nil &&
+	return r.Name == nil && r.IdleTTLSeconds == nil && r.DeleteAfterStopSeconds == nil && r.PreserveMemoryOnStop == nil &&
 		r.RunConfig == nil && (len(r.ProxyConfig) == 0 || string(r.ProxyConfig) == "null") && !r.Resizes()
 }
 
