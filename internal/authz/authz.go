@@ -139,7 +139,7 @@ type Op string
 
 // The operations, named as in errors ("<op> needs <level> access").
 const (
-	GetSandbox   Op = "reading sandbox"
+	Get          Op = "reading"
 	Diff         Op = "diffing"
 	EgressLog    Op = "reading the egress log of"
 	ServiceURL   Op = "opening a service of"
@@ -161,7 +161,7 @@ const (
 // Needs is the level op requires (the table in the package doc).
 func (o Op) Needs() Access {
 	switch o {
-	case GetSandbox, Diff, EgressLog, ServiceURL, DownloadURL, DownloadFile, SearchFiles:
+	case Get, Diff, EgressLog, ServiceURL, DownloadURL, DownloadFile, SearchFiles:
 		return Read
 	case Exec, UploadFile, StopStart, Fork, Capture, BootSnapshot:
 		return Use

@@ -67,7 +67,7 @@ func TestLevel(t *testing.T) {
 
 // allOps is every operation, with the level the package doc's table gives.
 var allOps = map[Op]Access{
-	GetSandbox: Read, Diff: Read, EgressLog: Read, ServiceURL: Read, DownloadURL: Read, DownloadFile: Read, SearchFiles: Read,
+	Get: Read, Diff: Read, EgressLog: Read, ServiceURL: Read, DownloadURL: Read, DownloadFile: Read, SearchFiles: Read,
 	Exec: Use, UploadFile: Use, StopStart: Use, Fork: Use, Capture: Use, BootSnapshot: Use,
 	Update: Owner, Delete: Owner, Reset: Owner, ManageShares: Owner,
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/storage"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -43,7 +44,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 			return nil, err
 		}
 	}
-	parent, err := m.visible(ctx, name)
+	parent, err := m.visible(ctx, name, authz.Fork)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +122,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 // the snapshot is a captured one), start. Its name, id, address, token and
 // settings are kept.
 func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*store.Sandbox, error) {
-	sb, unlock, err := m.lockVisible(ctx, name)
+	sb, unlock, err := m.lockVisible(ctx, name, authz.Reset)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +181,7 @@ func (m *Manager) layersOf(ctx context.Context, ref string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb, err := m.visible(ctx, ref)
+	sb, err := m.visible(ctx, ref, authz.Diff)
 	if err == nil {
 		sn, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
 		if err != nil {
@@ -197,6 +198,9 @@ func (m *Manager) layersOf(ctx context.Context, ref string) ([]string, error) {
 	}
 	if errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("no sandbox or snapshot %q: %w", ref, errdefs.ErrNotFound)
+	}
+	if err == nil {
+		err = m.checkSnapshot(ctx, p, sn, authz.Diff, ref)
 	}
 	if err != nil {
 		return nil, err

@@ -111,6 +111,9 @@ type Manager struct {
 	mu     sync.Mutex
 	boxes  map[string]*box           // per sandbox id
 	builds map[string]*buildProgress // per snapshot id, while building
+	// conns are the open dataplane Conns, re-checked when access changes
+	// (access.go).
+	conns map[*Conn]struct{}
 
 	// Shutdown: life ends at Close, which then waits for bg, every
 	// goroutine the manager started (reaper, watchers, builds, boots).
@@ -151,6 +154,7 @@ func New(cfg Config) (*Manager, error) {
 		log:    cfg.Logger,
 		boxes:  map[string]*box{},
 		builds: map[string]*buildProgress{},
+		conns:  map[*Conn]struct{}{},
 		life:   life, endLife: end,
 		wakeR: r, wakeW: w,
 	}, nil
