@@ -104,6 +104,7 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	s.handle("HEAD /dp/{id}/download", s.download)
 	s.registerProtocolRoutes()
 	s.registerBranchingRoutes()
+	s.registerShareRoutes()
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "runtime": mgr.Runtime(), "storage": mgr.StorageBackend()})
 	})
