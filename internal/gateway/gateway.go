@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
@@ -53,6 +54,9 @@ type Sandboxes interface {
 	// Acquire marks a request on sandbox id as open (activity, for the idle
 	// TTL) until release is called.
 	Acquire(id string) (release func())
+	// SandboxAccess is sb as the policy sees it for p, with the access
+	// p's shares grant.
+	SandboxAccess(ctx context.Context, p auth.Principal, sb *store.Sandbox) (authz.Owned, error)
 }
 
 // Authenticator turns an API key into a principal (login mode).
