@@ -109,8 +109,9 @@ var migrations = []string{
 	);
 	ALTER TABLE snapshots ADD COLUMN run_config_id TEXT NOT NULL DEFAULT '';`,
 	// 6: sharing a sandbox or snapshot with a user or the whole workspace
-	// ('*'). A record's shares go with it (the triggers).
-	`CREATE TABLE shares (
+	// ('*'). A record's shares go with it (the triggers). IF NOT EXISTS
+	// keeps it re-runnable on a schema rolled back past it (tests do).
+	`CREATE TABLE IF NOT EXISTS shares (
 		id TEXT PRIMARY KEY,
 		workspace_id TEXT NOT NULL REFERENCES workspaces(id),
 		resource_kind TEXT NOT NULL CHECK (resource_kind IN ('sandbox', 'snapshot')),
@@ -121,11 +122,11 @@ var migrations = []string{
 		created_at TEXT NOT NULL,
 		UNIQUE(resource_kind, resource_id, grantee)
 	);
-	CREATE INDEX shares_grantee ON shares(resource_kind, grantee, resource_id);
-	CREATE TRIGGER sandboxes_drop_shares AFTER DELETE ON sandboxes BEGIN
+	CREATE INDEX IF NOT EXISTS shares_grantee ON shares(resource_kind, grantee, resource_id);
+	CREATE TRIGGER IF NOT EXISTS sandboxes_drop_shares AFTER DELETE ON sandboxes BEGIN
 		DELETE FROM shares WHERE resource_kind='sandbox' AND resource_id=OLD.id;
 	END;
-	CREATE TRIGGER snapshots_drop_shares AFTER DELETE ON snapshots BEGIN
+	CREATE TRIGGER IF NOT EXISTS snapshots_drop_shares AFTER DELETE ON snapshots BEGIN
 		DELETE FROM shares WHERE resource_kind='snapshot' AND resource_id=OLD.id;
 	END;`,
 }
