@@ -354,6 +354,31 @@ func TestTenancy(t *testing.T) {
 			t.Fatal("bob still sees a-box")
 		}
 	})
+	t.Run("revocation cuts an HTTP exec in flight", func(t *testing.T) {
+		sh := share(t, map[string]any{"user_id": "bob", "access": "use"})
+		type answer struct {
+			code int
+			body string
+		}
+		done := make(chan answer, 1)
+		go func() {
+			code, b := raw(t, d, keys["bob"], "POST", "/dp/"+box.ID+"/execute", map[string]any{"command": "sleep 30"})
+			done <- answer{code, b}
+		}()
+		time.Sleep(time.Second) // the command is running
+		at := time.Now()
+		if code, b := raw(t, d, keys["alice"], "DELETE", "/v2/sandboxes/boxes/a-box/shares/"+sh.ID, nil); code != 204 {
+			t.Fatalf("revoke: %d %s", code, b)
+		}
+		select {
+		case a := <-done:
+			if took := time.Since(at); a.code != http.StatusForbidden || !strings.Contains(a.body, "revoked") || took > 1500*time.Millisecond {
+				t.Fatalf("HTTP exec ended after %v with %d %s, want a 403 saying revoked within ~1s", took, a.code, a.body)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the HTTP exec outlived the revocation")
+		}
+	})
 	t.Run("owner deletes", func(t *testing.T) {
 		if err := alice.DeleteSandbox(ctx, "pa0"); err != nil {
 			t.Fatal(err)
