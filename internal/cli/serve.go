@@ -212,6 +212,9 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	if gw != nil {
+		mgr.OnReauthorize(gw.Reauthorize) // a revoked share ends login sessions too
+	}
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithExecOutputLimit(f.execOutputLimit))
 	handler.EnableRegistries(registries)
 	handler.EnableEgress(vault, egress)

@@ -107,6 +107,10 @@ type Gateway struct {
 	mu      sync.Mutex
 	grants  map[grantKey]string // → protocol.Access*
 	targets map[string]*target  // by sandbox id
+	// sessions are the open requests (WebSockets included) of login
+	// sessions, each with the cancel that ends it; Reauthorize re-admits
+	// them.
+	sessions map[*Claims]context.CancelFunc
 }
 
 type grantKey struct {
@@ -137,7 +141,8 @@ func New(cfg Config) (*Gateway, error) {
 	if domain != "" && !hostnameRE.MatchString(domain) {
 		return nil, fmt.Errorf("gateway: service domain %q is not a hostname: %w", cfg.ServiceDomain, errdefs.ErrInvalid)
 	}
-	g := &Gateway{cfg: cfg, public: pub, domain: domain, grants: map[grantKey]string{}, targets: map[string]*target{}}
+	g := &Gateway{cfg: cfg, public: pub, domain: domain, grants: map[grantKey]string{}, targets: map[string]*target{},
+		sessions: map[*Claims]context.CancelFunc{}}
 	g.proxy = g.newProxy()
 	return g, nil
 }

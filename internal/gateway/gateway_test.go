@@ -342,6 +342,25 @@ func TestLoginMode(t *testing.T) {
 	if code, _ := login("bob-key"); code != 200 {
 		t.Errorf("restricted, a user with a read share: %d, want 200", code)
 	}
+	// An open WebSocket of the session ends when Reauthorize finds the
+	// share gone; one of the creator's session stays.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, strings.Replace(ll.ServiceURL, "http", "ws", 1)+"/ws", &websocket.DialOptions{HTTPClient: session})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	fake.share("bob", authz.None)
+	g.Reauthorize(ctx)
+	start := time.Now()
+	if _, _, err := ws.Read(ctx); err == nil || time.Since(start) > 2*time.Second {
+		t.Errorf("the session's WebSocket outlived the revocation: %v after %v", err, time.Since(start))
+	}
+	fake.share("bob", authz.Read)
+	if code, _ := login("bob-key"); code != 200 {
+		t.Errorf("login again: %d", code)
+	}
 	// Revoking the share ends bob's session at its next request.
 	fake.share("bob", authz.None)
 	if r, _ := get(t, session, ll.ServiceURL+"/after", nil); r.StatusCode != http.StatusNotFound {

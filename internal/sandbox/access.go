@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -211,12 +212,29 @@ func (m *Manager) openConns() []*Conn {
 	return out
 }
 
+// OnReauthorize adds fn to what Reauthorize runs after re-checking the
+// manager's own Conns (the gateway re-admits its login sessions).
+func (m *Manager) OnReauthorize(fn func(context.Context)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reauth = append(m.reauth, fn)
+}
+
 // Reauthorize re-checks every open dataplane Conn against the current
 // records and shares, and cuts those whose principal may no longer perform
 // its operation: their streams end at once and the commands they started
-// are killed (the API's exec handlers do that on a cut Gone). Call it after
-// anything that can take access away (a share revoked or lowered).
+// are killed (the API's exec handlers do that on a cut Gone). Then it runs
+// the OnReauthorize hooks. Call it after anything that can take access
+// away (a share revoked or lowered).
 func (m *Manager) Reauthorize(ctx context.Context) {
+	defer func() {
+		m.mu.Lock()
+		hooks := slices.Clone(m.reauth)
+		m.mu.Unlock()
+		for _, fn := range hooks {
+			fn(ctx)
+		}
+	}()
 	for _, c := range m.openConns() {
 		sb, err := m.cfg.Store.GetSandboxByID(ctx, c.id)
 		if err == nil {

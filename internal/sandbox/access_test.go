@@ -155,6 +155,8 @@ func TestRevocationCutsOpenConns(t *testing.T) {
 		return c
 	}
 	owner, exec, read := open(member, authz.Exec), open(other, authz.Exec), open(other, authz.DownloadFile)
+	hooked := 0
+	e.m.OnReauthorize(func(context.Context) { hooked++ })
 	if _, err := e.m.Share(as(member), store.ShareSandbox, "mine", ShareRequest{UserID: other.User, Access: "read"}); err != nil {
 		t.Fatal(err)
 	}
@@ -169,6 +171,9 @@ func TestRevocationCutsOpenConns(t *testing.T) {
 	}
 	if !closedWithin(read.Gone, time.Second) || owner.Revoked() {
 		t.Fatal("revocation left other's download open, or cut the owner")
+	}
+	if hooked != 2 {
+		t.Fatalf("OnReauthorize hook ran %d times for a lowering and a revocation, want 2", hooked)
 	}
 	e.m.CutPrincipals(func(p auth.Principal) bool { return p.User == member.User })
 	if !closedWithin(owner.Gone, time.Second) {

@@ -114,6 +114,8 @@ type Manager struct {
 	// conns are the open dataplane Conns, re-checked when access changes
 	// (access.go).
 	conns map[*Conn]struct{}
+	// reauth are the OnReauthorize hooks.
+	reauth []func(context.Context)
 
 	// Shutdown: life ends at Close, which then waits for bg, every
 	// goroutine the manager started (reaper, watchers, builds, boots).
