@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/coder/websocket/wsjson"
 	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/internal/telemetry"
@@ -23,12 +24,12 @@ import (
 	"github.com/google/uuid"
 )
 
-// dataplane resolves the sandbox a dataplane request names (waking it if
-// stopped) or writes the error and reports false. The caller releases the
-// returned handle.
-func (s *Server) dataplane(w http.ResponseWriter, r *http.Request) (*sandbox.Conn, bool) {
+// dataplane resolves the sandbox a dataplane request names for op (waking
+// it if stopped) or writes the error and reports false. The caller
+// releases the returned handle.
+func (s *Server) dataplane(w http.ResponseWriter, r *http.Request, op authz.Op) (*sandbox.Conn, bool) {
 	telemetry.SetSandbox(r.Context(), r.PathValue("id"))
-	dp, err := s.mgr.Dataplane(sandbox.WithRequestKind(r.Context(), requestKind(r.URL.Path)), r.PathValue("id"))
+	dp, err := s.mgr.Dataplane(sandbox.WithRequestKind(r.Context(), requestKind(r.URL.Path)), r.PathValue("id"), op)
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return nil, false
@@ -70,7 +71,7 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		writeValidation(w, "command", "is required")
 		return
 	}
-	conn, ok := s.dataplane(w, r)
+	conn, ok := s.dataplane(w, r, authz.Exec)
 	if !ok {
 		return
 	}
@@ -103,6 +104,9 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, agent.ErrCommandTimeout):
 		writeDetail(w, http.StatusRequestTimeout, protocol.ErrCommandTimeout, fmt.Sprintf("command timed out after %ds", timeout))
+	case err != nil && conn.Revoked():
+		// The cancelled Exec has killed the command.
+		writeDetail(w, http.StatusForbidden, "Forbidden", revokedMessage)
 	case err != nil && closedWithin(conn.Gone, goneWait):
 		writeDetail(w, http.StatusBadGateway, "ConnectionError", "the sandbox stopped while the command ran: "+s.mgr.StatusMessage(r.Context(), r.PathValue("id")))
 	case err != nil:
@@ -194,7 +198,7 @@ func writeJSONString(w io.Writer, s string) {
 // and the sandbox's agent, which owns command sessions. The daemon only
 // rewrites the first execute frame to apply the layered run config.
 func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
-	dp, ok := s.dataplane(w, r)
+	dp, ok := s.dataplane(w, r, authz.Exec)
 	if !ok {
 		return
 	}
@@ -237,8 +241,17 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 	}
 	id := r.PathValue("id")
 	tap := s.tapExec(ctx, id, dp, &first, "ws")
-	relay(ctx, conn, up, dp.Gone, dp.Touch, func() string { return s.mgr.StatusMessage(context.WithoutCancel(ctx), id) }, tap)
+	relay(ctx, conn, up, dp.Gone, dp.Touch, func() (string, bool) {
+		if dp.Revoked() {
+			return revokedMessage, true
+		}
+		return stoppedMessage(s.mgr.StatusMessage(context.WithoutCancel(ctx), id)), false
+	}, tap)
 }
+
+// revokedMessage ends an exec whose caller lost access to the sandbox
+// (sandbox.Manager.Reauthorize) while it ran; its command is killed.
+const revokedMessage = "access to the sandbox was revoked while the command ran; the command was killed"
 
 // goneWait bounds how long a relay whose agent connection broke waits for
 // the manager to notice that the sandbox died (its watcher fires within
@@ -249,16 +262,18 @@ const goneWait = 2 * time.Second
 // with the same status, so the client sees the agent's normal closure after
 // exit and the agent sees a client's disconnect. If the sandbox instance
 // goes (stopped, or died e.g. out of memory), its commands are gone with
-// it: the client gets a terminal error frame saying why (why() gives the
-// sandbox's status message), so it neither hangs nor reconnects, which
+// it: the client gets a terminal error frame saying why (why() says, from
+// the sandbox's status message), so it neither hangs nor reconnects, which
 // would wake a sandbox the user just stopped, or reach the next instance
-// and hear CommandNotFound instead of the reason. Every frame, either way,
-// calls touch (activity for the idle TTL).
+// and hear CommandNotFound instead of the reason. When gone closes because
+// the caller's access was cut (why reports kill), the command is killed
+// first: the agent would otherwise keep it for a reconnect. Every frame,
+// either way, calls touch (activity for the idle TTL).
 //
 // Neither pipe's context is cancelled before the client has been told:
 // the websocket library closes a connection whose read or write context
 // ends. tap (may be nil) sees every frame, for the command's record.
-func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}, touch func(), why func() string, tap *execTap) {
+func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}, touch func(), why func() (msg string, kill bool), tap *execTap) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	upErr, clientErr := make(chan error, 1), make(chan error, 1)
@@ -276,9 +291,28 @@ func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}
 			return
 		}
 	case <-gone:
+		msg, kill := why()
+		if kill {
+			killCommand(ctx, up)
+		}
 		up.CloseNow()
+		endClient(ctx, client, msg)
+		return
 	}
-	msg := stoppedMessage(why())
+	msg, _ := why()
+	endClient(ctx, client, msg)
+}
+
+// killCommand asks the agent to kill the command of exec connection up
+// (its process group), waiting at most a second to say so.
+func killCommand(ctx context.Context, up *websocket.Conn) {
+	kctx, stop := context.WithTimeout(ctx, time.Second)
+	defer stop()
+	_ = wsjson.Write(kctx, up, protocol.ExecFrame{Type: protocol.FrameKill})
+}
+
+// endClient sends the client a terminal error frame saying msg and closes.
+func endClient(ctx context.Context, client *websocket.Conn, msg string) {
 	_ = wsjson.Write(ctx, client, protocol.ExecFrame{Type: protocol.FrameError, ErrorType: protocol.ErrCommandError, Error: msg})
 	client.Close(websocket.StatusNormalClosure, "sandbox stopped")
 }
@@ -348,7 +382,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	dp, ok := s.dataplane(w, r)
+	dp, ok := s.dataplane(w, r, authz.UploadFile)
 	if !ok {
 		return
 	}
@@ -393,7 +427,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	dp, ok := s.dataplane(w, r)
+	dp, ok := s.dataplane(w, r, authz.DownloadFile)
 	if !ok {
 		return
 	}

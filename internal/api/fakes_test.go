@@ -59,6 +59,13 @@ type fakeSandboxes struct {
 	restore   *bool // the restore_memory the last start carried
 	list      store.ListOptions
 	listN     int // how many items a list returns
+	dpOp      authz.Op
+	// share is the last share call: its kind, resource ref, request and
+	// share id.
+	share struct {
+		kind, ref, id string
+		req           sandbox.ShareRequest
+	}
 }
 
 func newFakeSandboxes() *fakeSandboxes {
@@ -96,7 +103,7 @@ func (f *fakeSandboxes) visible(ctx context.Context, name string) (*store.Sandbo
 	if !ok {
 		return nil, fmt.Errorf("sandbox %s: %w", name, errdefs.ErrNotFound)
 	}
-	if err := authz.See(p, authz.Sandbox(sb), "sandbox "+name); err != nil {
+	if err := authz.Check(p, authz.Sandbox(sb), authz.Get, "sandbox "+name); err != nil {
 		return nil, err
 	}
 	return sb, nil
@@ -279,7 +286,8 @@ func (f *fakeSandboxes) Usage(_ context.Context, sbs []*store.Sandbox, sns []*st
 	return out, f.call("Usage")
 }
 
-func (f *fakeSandboxes) Dataplane(ctx context.Context, id string) (*sandbox.Conn, error) {
+func (f *fakeSandboxes) Dataplane(ctx context.Context, id string, op authz.Op) (*sandbox.Conn, error) {
+	f.dpOp = op
 	if err := f.call("Dataplane"); err != nil {
 		return nil, err
 	}
@@ -291,6 +299,28 @@ func (f *fakeSandboxes) GrantDataplane(_ context.Context, ws, id string) (*sandb
 		return nil, err
 	}
 	return nil, fmt.Errorf("sandbox %s in %s: %w", id, ws, errdefs.ErrNotFound)
+}
+
+func (f *fakeSandboxes) Share(_ context.Context, kind, ref string, req sandbox.ShareRequest) (*store.Share, error) {
+	f.share.kind, f.share.ref, f.share.req = kind, ref, req
+	if err := f.call("Share"); err != nil {
+		return nil, err
+	}
+	return &store.Share{ID: "sh1", ResourceKind: kind, ResourceID: "id-" + ref, Grantee: req.UserID, Access: req.Access,
+		CreatedBy: "bob", CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}, nil
+}
+
+func (f *fakeSandboxes) ListShares(_ context.Context, kind, ref string) ([]*store.Share, error) {
+	f.share.kind, f.share.ref = kind, ref
+	if err := f.call("ListShares"); err != nil {
+		return nil, err
+	}
+	return []*store.Share{{ID: "sh1", ResourceKind: kind, Grantee: "*", Access: "read"}}, nil
+}
+
+func (f *fakeSandboxes) Unshare(_ context.Context, kind, ref, id string) error {
+	f.share.kind, f.share.ref, f.share.id = kind, ref, id
+	return f.call("Unshare")
 }
 
 func (f *fakeSandboxes) StatusMessage(context.Context, string) string { return "" }

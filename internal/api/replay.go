@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/record"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -135,7 +136,7 @@ func replaySteps(hist []protocol.HistoryStep, root string, src *store.Sandbox, s
 // rerun runs step st's command in sandbox id, recorded there, and returns
 // its new step. The command's failure is its outcome, not an error.
 func (s *Server) rerun(ctx context.Context, id string, st protocol.HistoryStep) (int64, error) {
-	dp, err := s.mgr.Dataplane(ctx, id)
+	dp, err := s.mgr.Dataplane(ctx, id, authz.Exec)
 	if err != nil {
 		return 0, err
 	}

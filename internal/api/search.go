@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -76,7 +77,7 @@ func relaySearch[Req, M any](s *Server, w http.ResponseWriter, r *http.Request, 
 		writeError(r.Context(), w, err)
 		return
 	}
-	dp, ok := s.dataplane(w, r)
+	dp, ok := s.dataplane(w, r, authz.SearchFiles)
 	if !ok {
 		return
 	}

@@ -152,6 +152,7 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	s.registerTenancyRoutes()
 	s.registerRecordRoutes()
 	s.registerReplayRoutes()
+	s.registerShareRoutes()
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "runtime": mgr.Runtime(), "storage": mgr.StorageBackend()})
 	})

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
 	"github.com/cubicle-dev/cubicle/internal/identity"
 	"github.com/cubicle-dev/cubicle/internal/image"
@@ -45,11 +46,15 @@ type Sandboxes interface {
 	Diff(ctx context.Context, a, b string) ([]storage.Change, error)
 	Usage(ctx context.Context, sandboxes []*store.Sandbox, snapshots []*store.Snapshot) (map[string]int64, error)
 
-	Dataplane(ctx context.Context, id string) (*sandbox.Conn, error)
+	Dataplane(ctx context.Context, id string, op authz.Op) (*sandbox.Conn, error)
 	GrantDataplane(ctx context.Context, workspaceID, id string) (*sandbox.Conn, error)
 	StatusMessage(ctx context.Context, id string) string
 	Stats(ctx context.Context, name string) (*protocol.SandboxStats, error)
 	ListStats(ctx context.Context) ([]protocol.SandboxStats, error)
+
+	Share(ctx context.Context, kind, ref string, req sandbox.ShareRequest) (*store.Share, error)
+	ListShares(ctx context.Context, kind, ref string) ([]*store.Share, error)
+	Unshare(ctx context.Context, kind, ref, shareID string) error
 
 	Runtime() string
 	StorageBackend() string

@@ -10,6 +10,7 @@ import (
 
 	"github.com/coder/websocket"
 	"github.com/coder/websocket/wsjson"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -84,7 +85,7 @@ func (s *Server) executeStreamResume(w http.ResponseWriter, r *http.Request) {
 // a refusal is still an HTTP status.
 func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*sandbox.Conn) (protocol.ExecFrame, error), stdoutOff, stderrOff int64) {
 	ctx := r.Context()
-	dp, ok := s.dataplane(w, r)
+	dp, ok := s.dataplane(w, r, authz.Exec)
 	if !ok {
 		return
 	}
@@ -179,6 +180,17 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*
 			msg := fmt.Sprintf("sandbox agent connection lost: %v", err)
 			if closedWithin(dp.Gone, goneWait) {
 				msg = stoppedMessage(s.mgr.StatusMessage(context.WithoutCancel(ctx), r.PathValue("id")))
+			}
+			ev.begin()
+			ev.send(protocol.SSEError, map[string]any{"error_type": protocol.ErrCommandError, "error": msg})
+			return
+		case <-dp.Gone:
+			// The instance stopped, or the caller's access was revoked:
+			// then its command is killed, as on the WebSocket.
+			msg := stoppedMessage(s.mgr.StatusMessage(context.WithoutCancel(ctx), r.PathValue("id")))
+			if dp.Revoked() {
+				msg = revokedMessage
+				killCommand(ctx, up)
 			}
 			ev.begin()
 			ev.send(protocol.SSEError, map[string]any{"error_type": protocol.ErrCommandError, "error": msg})

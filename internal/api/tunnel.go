@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/coder/websocket"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/tunnel"
 )
 
@@ -17,7 +18,7 @@ const tunnelMessageLimit = tunnel.MaxWindow + 64
 // counts as active while the session is open; the session ends when the
 // sandbox stops or is deleted.
 func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request) {
-	dp, ok := s.dataplane(w, r)
+	dp, ok := s.dataplane(w, r, authz.Exec)
 	if !ok {
 		return
 	}

@@ -21,56 +21,114 @@ var (
 	oddRole = auth.Principal{WorkspaceID: "w1", User: "dan", Role: "owner"}
 )
 
-// TestCanSee: every principal kind against resources of its own and
-// another workspace, created by it or by someone else.
-func TestCanSee(t *testing.T) {
+// TestLevel: every principal kind against resources of its own and
+// another workspace, created by it or not, with and without shares.
+func TestLevel(t *testing.T) {
 	bobs := Owned{Workspace: "w1", CreatedBy: "bob"}
 	anns := Owned{Workspace: "w1", CreatedBy: "ann"}
-	foreign := Owned{Workspace: "w2", CreatedBy: "zed"}
+	annsRead := Owned{Workspace: "w1", CreatedBy: "ann", Shared: Read}
+	annsUse := Owned{Workspace: "w1", CreatedBy: "ann", Shared: Use}
+	foreign := Owned{Workspace: "w2", CreatedBy: "zed", Shared: Use}
 	unowned := Owned{Workspace: "w1"}
 	for _, c := range []struct {
 		name string
 		p    auth.Principal
 		r    Owned
-		want bool
+		want Access
 	}{
-		{"creator member sees own", member, bobs, true},
-		{"member does not see another's", member, anns, false},
-		{"other member does not see bob's", other, bobs, false},
-		{"admin sees member's", admin, bobs, true},
-		{"admin sees own", admin, anns, true},
-		{"admin sees unowned", admin, unowned, true},
-		{"member does not see unowned", member, unowned, false},
-		{"admin of another workspace sees nothing here", outsider, bobs, false},
-		{"same user name in another workspace sees nothing", outsider, bobs, false},
-		{"admin does not see another workspace's", admin, foreign, false},
-		{"no principal sees nothing", nobody, unowned, false},
-		{"no principal sees nothing even unowned in no workspace", nobody, Owned{}, false},
-		{"unknown role is not admin", oddRole, anns, false},
+		{"creator member owns its own", member, bobs, Owner},
+		{"member has nothing on another's", member, anns, None},
+		{"member with a read share reads", member, annsRead, Read},
+		{"member with a use share uses", member, annsUse, Use},
+		{"a share never makes an owner", member, Owned{Workspace: "w1", CreatedBy: "ann", Shared: Owner}, Use},
+		{"other member has nothing on bob's", other, bobs, None},
+		{"admin owns a member's", admin, bobs, Owner},
+		{"admin owns unowned", admin, unowned, Owner},
+		{"member has nothing on unowned", member, unowned, None},
+		{"admin of another workspace has nothing here", outsider, bobs, None},
+		{"a share does not cross workspaces", outsider, Owned{Workspace: "w1", CreatedBy: "ann", Shared: Use}, None},
+		{"admin has nothing on another workspace's", admin, foreign, None},
+		{"no principal has nothing", nobody, unowned, None},
+		{"no principal has nothing even in no workspace", nobody, Owned{Shared: Use}, None},
+		{"unknown role is not admin", oddRole, anns, None},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if got := CanSee(c.p, c.r); got != c.want {
-				t.Fatalf("CanSee(%+v, %+v) = %v, want %v", c.p, c.r, got, c.want)
+			if got := Level(c.p, c.r); got != c.want {
+				t.Fatalf("Level(%+v, %+v) = %v, want %v", c.p, c.r, got, c.want)
 			}
-			err := See(c.p, c.r, "sandbox x")
-			if c.want != (err == nil) {
-				t.Fatalf("See = %v, want allowed=%v", err, c.want)
-			}
-			if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-				t.Fatalf("See refusal %v is not ErrNotFound (existence must not leak)", err)
+			if c.want == Owner || c.want == None && c.p.WorkspaceID != c.r.Workspace {
+				if NeedsShares(c.p, c.r) {
+					t.Fatalf("NeedsShares for a level shares cannot change")
+				}
 			}
 		})
 	}
 }
 
-// TestSandbox: the policy reads a sandbox record's workspace and creator.
-func TestSandbox(t *testing.T) {
-	sb := &store.Sandbox{WorkspaceID: "w1", CreatedBy: "bob"}
-	if got := Sandbox(sb); got != (Owned{Workspace: "w1", CreatedBy: "bob"}) {
+// allOps is every operation, with the level the package doc's table gives.
+var allOps = map[Op]Access{
+	Get: Read, Diff: Read, EgressLog: Read, ServiceURL: Read, DownloadURL: Read, DownloadFile: Read, SearchFiles: Read,
+	Exec: Use, UploadFile: Use, StopStart: Use, Fork: Use, Capture: Use, BootSnapshot: Use,
+	Update: Owner, Delete: Owner, Reset: Owner, ManageShares: Owner,
+}
+
+// TestCheckTable: for every op and every level, Check allows exactly when
+// the level reaches the op's, answers not-found with no access (the same
+// error text a missing resource gives) and forbidden otherwise.
+func TestCheckTable(t *testing.T) {
+	for op, need := range allOps {
+		if op.Needs() != need {
+			t.Errorf("%q needs %v, the table says %v", op, op.Needs(), need)
+		}
+		for _, c := range []struct {
+			p    auth.Principal
+			r    Owned
+			have Access
+		}{
+			{other, Owned{Workspace: "w1", CreatedBy: "bob"}, None},
+			{other, Owned{Workspace: "w1", CreatedBy: "bob", Shared: Read}, Read},
+			{other, Owned{Workspace: "w1", CreatedBy: "bob", Shared: Use}, Use},
+			{member, Owned{Workspace: "w1", CreatedBy: "bob"}, Owner},
+			{admin, Owned{Workspace: "w1", CreatedBy: "bob"}, Owner},
+			{outsider, Owned{Workspace: "w1", CreatedBy: "bob", Shared: Use}, None},
+		} {
+			err := Check(c.p, c.r, op, "sandbox x")
+			switch {
+			case c.have >= need && err != nil:
+				t.Errorf("%q with %v: %v, want allowed", op, c.have, err)
+			case c.have == None && (!errors.Is(err, errdefs.ErrNotFound) || err.Error() != "sandbox x: not found"):
+				t.Errorf("%q with no access: %v, want exactly the not-found of a missing sandbox", op, err)
+			case c.have != None && c.have < need && !errors.Is(err, errdefs.ErrForbidden):
+				t.Errorf("%q with %v: %v, want forbidden", op, c.have, err)
+			}
+		}
+	}
+}
+
+// TestSnapshot: image-built snapshots grant use to the workspace,
+// captured ones nothing; sandboxes carry workspace and creator.
+func TestSnapshot(t *testing.T) {
+	img := Snapshot(&store.Snapshot{WorkspaceID: "w1", CreatedBy: "ann"})
+	captured := Snapshot(&store.Snapshot{WorkspaceID: "w1", CreatedBy: "ann", SourceSandboxID: "s"})
+	if Level(member, img) != Use || Level(member, captured) != None || Level(outsider, img) != None {
+		t.Fatalf("snapshot levels: image %v, captured %v, outsider on image %v", Level(member, img), Level(member, captured), Level(outsider, img))
+	}
+	if got := Sandbox(&store.Sandbox{WorkspaceID: "w1", CreatedBy: "bob"}); got != (Owned{Workspace: "w1", CreatedBy: "bob"}) {
 		t.Fatalf("Sandbox = %+v", got)
 	}
-	if !CanSee(member, Sandbox(sb)) || CanSee(other, Sandbox(sb)) {
-		t.Fatal("sandbox visibility does not follow its creator")
+}
+
+// TestParseShare: only read and use can be granted.
+func TestParseShare(t *testing.T) {
+	for s, want := range map[string]Access{"read": Read, "use": Use} {
+		if got, ok := ParseShare(s); !ok || got != want || got.String() != s {
+			t.Errorf("ParseShare(%q) = %v %v", s, got, ok)
+		}
+	}
+	for _, s := range []string{"", "owner", "none", "USE", "write"} {
+		if _, ok := ParseShare(s); ok {
+			t.Errorf("ParseShare(%q) accepted", s)
+		}
 	}
 }
 
@@ -118,6 +176,8 @@ func TestMayUseSecret(t *testing.T) {
 // an unknown access level admits nobody.
 func TestAdmitsLogin(t *testing.T) {
 	sb := Owned{Workspace: "w1", CreatedBy: "bob"}
+	// shared is other with a read share: AdmitsLogin sees it as sb.Shared.
+	shared := auth.Principal{WorkspaceID: "w1", User: "eve", Role: store.RoleMember}
 	for _, c := range []struct {
 		access string
 		p      auth.Principal
@@ -131,32 +191,31 @@ func TestAdmitsLogin(t *testing.T) {
 		{protocol.AccessRestricted, member, true},
 		{protocol.AccessRestricted, admin, true},
 		{protocol.AccessRestricted, other, false},
+		{protocol.AccessRestricted, shared, true},
 		{protocol.AccessRestricted, outsider, false},
 		{protocol.AccessRestricted, nobody, false},
 		{"", admin, false},
 		{"public", member, false},
 	} {
-		if got := AdmitsLogin(c.access, c.p, sb); got != c.want {
+		r := sb
+		if c.p == shared {
+			r.Shared = Read
+		}
+		if got := AdmitsLogin(c.access, c.p, r); got != c.want {
 			t.Fatalf("AdmitsLogin(%q, %+v) = %v, want %v", c.access, c.p, got, c.want)
 		}
 	}
 }
 
-// TestCreatorFilter: the list filter agrees with CanSee — an admin lists
-// every creator's resources, a member (or an unknown role) only its own.
-func TestCreatorFilter(t *testing.T) {
+// TestListFilter: an admin lists everything, a member (or an unknown
+// role) what is its own or shared with it.
+func TestListFilter(t *testing.T) {
 	for _, c := range []struct {
 		p    auth.Principal
 		want string
 	}{{admin, ""}, {member, member.User}, {other, other.User}, {oddRole, oddRole.User}} {
-		if got := CreatorFilter(c.p); got != c.want {
-			t.Errorf("CreatorFilter(%+v) = %q, want %q", c.p, got, c.want)
-		}
-		for _, creator := range []string{"bob", "ann", c.p.User} {
-			listed := c.want == "" || c.want == creator
-			if seen := CanSee(c.p, Owned{Workspace: c.p.WorkspaceID, CreatedBy: creator}); seen != listed {
-				t.Errorf("%+v: creator %q listed %v but CanSee %v", c.p, creator, listed, seen)
-			}
+		if got := ListFilter(c.p); got != c.want {
+			t.Errorf("ListFilter(%+v) = %q, want %q", c.p, got, c.want)
 		}
 	}
 }

@@ -176,3 +176,51 @@ func TestMemoryFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestShareCmds: share, share ls and share rm send what the API takes,
+// for sandboxes and (--snapshot) snapshots; --with workspace shares with
+// the whole workspace.
+func TestShareCmds(t *testing.T) {
+	t.Setenv(envAPIKey, "k")
+	mux := http.NewServeMux()
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	t.Setenv(envEndpoint, srv.URL)
+	var got []string
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = append(got, r.Method+" "+r.URL.Path+" "+strings.TrimSpace(string(b)))
+		switch r.Method {
+		case http.MethodDelete:
+			w.WriteHeader(http.StatusNoContent)
+		case http.MethodGet:
+			json.NewEncoder(w).Encode(protocol.ShareList{Shares: []protocol.Share{{ID: "s1", Grantee: "*", Access: "read", CreatedBy: "ann"}}})
+		default:
+			w.WriteHeader(http.StatusCreated)
+			json.NewEncoder(w).Encode(protocol.Share{ID: "s2", Grantee: "bob", Access: "use", CreatedBy: "ann"})
+		}
+	})
+	out, _, err := runCmd(newShareCmd(), "", "box", "--with", "bob", "--access", "use")
+	if err != nil || !strings.Contains(out, "s2") || !strings.Contains(out, "bob") {
+		t.Fatalf("share: %q %v", out, err)
+	}
+	if _, _, err := runCmd(newShareCmd(), "", "snap-1", "--snapshot", "--with", "workspace"); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err = runCmd(newShareCmd(), "", "ls", "box")
+	if err != nil || !strings.Contains(out, "workspace") {
+		t.Fatalf("share ls: %q %v", out, err)
+	}
+	if _, _, err := runCmd(newShareCmd(), "", "rm", "--snapshot", "snap-1", "s1"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`POST /v2/sandboxes/boxes/box/shares {"user_id":"bob","access":"use"}`,
+		`POST /v2/sandboxes/snapshots/snap-1/shares {"workspace":true,"access":"read"}`,
+		`GET /v2/sandboxes/boxes/box/shares `,
+		`DELETE /v2/sandboxes/snapshots/snap-1/shares/s1 `,
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("requests:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

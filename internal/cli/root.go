@@ -29,6 +29,7 @@ func Main(args []string) int {
 		newCpCmd(),
 		newNSInitCmd(),
 		newDiffCmd(),
+		newShareCmd(),
 		newInfoCmd(),
 		newPortForwardCmd(),
 		newWorkspaceCmd(),

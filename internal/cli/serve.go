@@ -249,12 +249,17 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	if gw != nil {
+		mgr.OnReauthorize(gw.Reauthorize) // a revoked share ends login sessions too
+	}
 	// The access audit is flushed after the API stops (this defer runs
 	// before st.Close); a kill -9 loses at most its last flush interval.
 	access := accesslog.New(st, log)
 	defer access.Close()
+	ident := identity.New(st, authn, access)
+	ident.CutSessionsWith(mgr.CutPrincipals) // a revoked key's open streams end at once
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithExecOutputLimit(f.execOutputLimit),
-		api.WithIdentity(identity.New(st, authn, access)), api.WithAccessLog(access), api.WithTelemetry(tel),
+		api.WithIdentity(ident), api.WithAccessLog(access), api.WithTelemetry(tel),
 		api.WithRateLimit(f.rateLimit), api.WithRecorder(rec))
 	handler.EnableRegistries(registries)
 	handler.EnableQuotas(mgr, accesslog.Quotas{Recorder: access})

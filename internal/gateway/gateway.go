@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
@@ -53,6 +54,9 @@ type Sandboxes interface {
 	// Acquire marks a request on sandbox id as open (activity, for the idle
 	// TTL) until release is called.
 	Acquire(id string) (release func())
+	// SandboxAccess is sb as the policy sees it for p, with the access
+	// p's shares grant.
+	SandboxAccess(ctx context.Context, p auth.Principal, sb *store.Sandbox) (authz.Owned, error)
 }
 
 // Authenticator turns an API key into a principal (login mode).
@@ -103,6 +107,10 @@ type Gateway struct {
 	mu      sync.Mutex
 	grants  map[grantKey]string // → protocol.Access*
 	targets map[string]*target  // by sandbox id
+	// sessions are the open requests (WebSockets included) of login
+	// sessions, each with the cancel that ends it; Reauthorize re-admits
+	// them.
+	sessions map[*Claims]context.CancelFunc
 }
 
 type grantKey struct {
@@ -133,7 +141,8 @@ func New(cfg Config) (*Gateway, error) {
 	if domain != "" && !hostnameRE.MatchString(domain) {
 		return nil, fmt.Errorf("gateway: service domain %q is not a hostname: %w", cfg.ServiceDomain, errdefs.ErrInvalid)
 	}
-	g := &Gateway{cfg: cfg, public: pub, domain: domain, grants: map[grantKey]string{}, targets: map[string]*target{}}
+	g := &Gateway{cfg: cfg, public: pub, domain: domain, grants: map[grantKey]string{}, targets: map[string]*target{},
+		sessions: map[*Claims]context.CancelFunc{}}
 	g.proxy = g.newProxy()
 	return g, nil
 }

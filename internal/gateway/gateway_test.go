@@ -17,11 +17,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -85,8 +87,30 @@ func TestLoadOrCreateKey(t *testing.T) {
 	}
 }
 
-// fakeSandboxes serves every sandbox at 127.0.0.1.
-type fakeSandboxes struct{ sbs map[string]*store.Sandbox }
+// fakeSandboxes serves every sandbox at 127.0.0.1. shared is the access
+// shares grant each user (on every sandbox).
+type fakeSandboxes struct {
+	sbs    map[string]*store.Sandbox
+	mu     sync.Mutex
+	shared map[string]authz.Access
+}
+
+func (f *fakeSandboxes) SandboxAccess(_ context.Context, p auth.Principal, sb *store.Sandbox) (authz.Owned, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	o := authz.Sandbox(sb)
+	o.Shared = f.shared[p.User]
+	return o, nil
+}
+
+func (f *fakeSandboxes) share(user string, a authz.Access) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.shared == nil {
+		f.shared = map[string]authz.Access{}
+	}
+	f.shared[user] = a
+}
 
 func (f *fakeSandboxes) Resolve(ctx context.Context, ws, ref string) (*store.Sandbox, error) {
 	for _, sb := range f.sbs {
@@ -294,6 +318,7 @@ func TestLoginMode(t *testing.T) {
 	if _, err := g.IssueService(context.Background(), sb, port, time.Minute); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("token mode on a login port: %v, want conflict", err)
 	}
+	var session *http.Client
 	login := func(key string) (int, echo) {
 		jar, _ := cookiejar.New(nil)
 		c := &http.Client{Jar: jar}
@@ -303,13 +328,43 @@ func TestLoginMode(t *testing.T) {
 				t.Errorf("login cookie did not stick: %d", r2.StatusCode)
 			}
 		}
+		session = c
 		return resp.StatusCode, e
 	}
 	if code, e := login("alice-key"); code != 200 || e.Header.Get("X-Api-Key") != "" {
 		t.Errorf("creator login: %d %v", code, e.Header)
 	}
-	if code, _ := login("bob-key"); code != http.StatusForbidden {
-		t.Errorf("restricted, other user: %d, want 403", code)
+	if code, _ := login("bob-key"); code != http.StatusNotFound {
+		t.Errorf("restricted, a user with no access: %d, want 404 (as for no sandbox)", code)
+	}
+	fake := g.cfg.Sandboxes.(*fakeSandboxes)
+	fake.share("bob", authz.Read)
+	if code, _ := login("bob-key"); code != 200 {
+		t.Errorf("restricted, a user with a read share: %d, want 200", code)
+	}
+	// An open WebSocket of the session ends when Reauthorize finds the
+	// share gone; one of the creator's session stays.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, strings.Replace(ll.ServiceURL, "http", "ws", 1)+"/ws", &websocket.DialOptions{HTTPClient: session})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	fake.share("bob", authz.None)
+	g.Reauthorize(ctx)
+	start := time.Now()
+	if _, _, err := ws.Read(ctx); err == nil || time.Since(start) > 2*time.Second {
+		t.Errorf("the session's WebSocket outlived the revocation: %v after %v", err, time.Since(start))
+	}
+	fake.share("bob", authz.Read)
+	if code, _ := login("bob-key"); code != 200 {
+		t.Errorf("login again: %d", code)
+	}
+	// Revoking the share ends bob's session at its next request.
+	fake.share("bob", authz.None)
+	if r, _ := get(t, session, ll.ServiceURL+"/after", nil); r.StatusCode != http.StatusNotFound {
+		t.Errorf("session after revocation: %d, want 404", r.StatusCode)
 	}
 	g.GrantLogin(context.Background(), sb, port, protocol.AccessWorkspace)
 	if code, _ := login("bob-key"); code != 200 {

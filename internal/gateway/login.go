@@ -1,14 +1,18 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // maxLoginForm bounds the login form body.
@@ -65,23 +69,42 @@ func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
 		g.cfg.WriteError(ctx, w, err)
 		return
 	}
-	access, granted := g.grant(sb.ID, port)
-	if !granted {
-		g.cfg.WriteError(ctx, w, fmt.Errorf("port %d of sandbox %s has no login access; ask for a service URL with access set: %w", port, sb.Name, errdefs.ErrForbidden))
-		return
-	}
-	if !authz.AdmitsLogin(access, p, authz.Sandbox(sb)) {
-		g.cfg.WriteError(ctx, w, fmt.Errorf("port %d of sandbox %s is restricted to its creator and workspace admins: %w", port, sb.Name, errdefs.ErrForbidden))
+	access, err := g.admit(ctx, p, sb, port, ref)
+	if err != nil {
+		g.cfg.WriteError(ctx, w, err)
 		return
 	}
 	exp := time.Now().Add(g.cfg.LoginTTL).Truncate(time.Second)
-	tok, err := g.cfg.Signer.Sign(Claims{Audience: AudienceService, Workspace: sb.WorkspaceID, Sandbox: sb.ID, Port: port, Expires: exp.Unix()})
+	tok, err := g.cfg.Signer.Sign(Claims{Audience: AudienceService, Workspace: sb.WorkspaceID, Sandbox: sb.ID, Port: port,
+		User: p.User, Role: p.Role, Expires: exp.Unix()})
 	if err != nil {
 		g.cfg.WriteError(ctx, w, err)
 		return
 	}
 	g.cfg.Logger.InfoContext(ctx, "service login", "sandbox", sb.ID, "port", port, "user", p.User, "access", access)
 	http.Redirect(w, r, g.serviceBase(sb, port)+"/?token="+url.QueryEscape(tok), http.StatusSeeOther)
+}
+
+// admit returns the login access of port of sb if p may use it now (a
+// login, and every request of the session it opens). A principal with no
+// access to a restricted port's sandbox gets the not-found of a missing
+// sandbox (ref as named); one that sees it but is not admitted, forbidden.
+func (g *Gateway) admit(ctx context.Context, p auth.Principal, sb *store.Sandbox, port int, ref string) (string, error) {
+	owned, err := g.cfg.Sandboxes.SandboxAccess(ctx, p, sb)
+	if err != nil {
+		return "", err
+	}
+	access, granted := g.grant(sb.ID, port)
+	if granted && authz.AdmitsLogin(access, p, owned) {
+		return access, nil
+	}
+	if authz.Level(p, owned) == authz.None && access != protocol.AccessWorkspace {
+		return "", fmt.Errorf("sandbox %s: %w", ref, errdefs.ErrNotFound)
+	}
+	if !granted {
+		return "", fmt.Errorf("port %d of sandbox %s has no login access; ask for a service URL with access set: %w", port, sb.Name, errdefs.ErrForbidden)
+	}
+	return "", fmt.Errorf("port %d of sandbox %s is restricted to those with access to the sandbox: %w", port, sb.Name, errdefs.ErrForbidden)
 }
 
 var loginPage = template.Must(template.New("login").Parse(`<!doctype html>

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -114,6 +115,15 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt route) {
 		g.cfg.WriteError(ctx, w, err)
 		return
 	}
+	if c.User != "" {
+		if err := g.recheck(ctx, c); err != nil {
+			g.cfg.WriteError(ctx, w, err)
+			return
+		}
+		var end func()
+		ctx, end = g.openSession(ctx, &c)
+		defer end()
+	}
 	release := g.cfg.Sandboxes.Acquire(c.Sandbox)
 	defer release()
 	t, err := g.resolve(ctx, c.Workspace, c.Sandbox)
@@ -123,6 +133,54 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt route) {
 	}
 	fw := &forward{addr: netip.AddrPortFrom(t.ip, uint16(rt.port)).String(), rest: rt.rest, prefix: rt.prefix}
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, forwardKey{}, fw)))
+}
+
+// recheck re-admits the user of a login session's token c, so that a
+// share revoked (or a grant changed) ends the session at its next request.
+func (g *Gateway) recheck(ctx context.Context, c Claims) error {
+	sb, err := g.cfg.Sandboxes.Resolve(ctx, c.Workspace, c.Sandbox)
+	if err != nil {
+		return err
+	}
+	p := auth.Principal{WorkspaceID: c.Workspace, User: c.User, Role: c.Role}
+	if _, err := g.admit(ctx, p, sb, c.Port, c.Sandbox); err != nil {
+		return fmt.Errorf("login session ended: %w", err)
+	}
+	return nil
+}
+
+// openSession registers a login session's request until end is called;
+// Reauthorize cancels ctx (which ends a proxied WebSocket too) when its
+// user loses access.
+func (g *Gateway) openSession(ctx context.Context, c *Claims) (_ context.Context, end func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	g.mu.Lock()
+	g.sessions[c] = cancel
+	g.mu.Unlock()
+	return ctx, func() {
+		g.mu.Lock()
+		delete(g.sessions, c)
+		g.mu.Unlock()
+		cancel()
+	}
+}
+
+// Reauthorize re-admits every open login-session request and ends those
+// whose user lost access (a share revoked). The sandbox manager calls it
+// after any change that can take access away.
+func (g *Gateway) Reauthorize(ctx context.Context) {
+	g.mu.Lock()
+	open := make(map[*Claims]context.CancelFunc, len(g.sessions))
+	for c, cancel := range g.sessions {
+		open[c] = cancel
+	}
+	g.mu.Unlock()
+	for c, cancel := range open {
+		if err := g.recheck(ctx, *c); err != nil {
+			g.cfg.Logger.InfoContext(ctx, "login session cut", "sandbox", c.Sandbox, "user", c.User, "err", err)
+			cancel()
+		}
+	}
 }
 
 // authorize finds a token for rt among the request's credentials (the

@@ -41,7 +41,12 @@ type Claims struct {
 	Path        string `json:"path,omitempty"`
 	ContentType string `json:"ct,omitempty"`
 	Disposition string `json:"cd,omitempty"`
-	IssuedAt    int64  `json:"iat"`
+	// User and Role name who logged in, for a login-mode session's token:
+	// every request re-checks that they still have access (shares can be
+	// revoked). Token-mode tokens have none: they are bearer credentials.
+	User     string `json:"usr,omitempty"`
+	Role     string `json:"role,omitempty"`
+	IssuedAt int64  `json:"iat"`
 	// Expires is a Unix time; 0 means the token never expires (download
 	// links only).
 	Expires int64  `json:"exp,omitempty"`

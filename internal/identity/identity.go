@@ -46,6 +46,21 @@ type Service struct {
 	cache Forgetter
 	audit accesslog.Recorder
 	now   func() time.Time
+	// cut ends the open sessions (exec streams, tunnels) of principals
+	// that just lost their key; nil cuts nothing.
+	cut func(match func(auth.Principal) bool)
+}
+
+// CutSessionsWith makes key revocations and user deletions end the open
+// sessions of the principals concerned at once, through cut (the sandbox
+// manager's CutPrincipals).
+func (s *Service) CutSessionsWith(cut func(match func(auth.Principal) bool)) { s.cut = cut }
+
+// cutWhere ends the open sessions of the principals match selects.
+func (s *Service) cutWhere(match func(auth.Principal) bool) {
+	if s.cut != nil {
+		s.cut(match)
+	}
 }
 
 // MaxKeyLifetime bounds expires_in_seconds (ten years).
@@ -246,6 +261,7 @@ func (s *Service) DeleteUser(ctx context.Context, ws, id string) error {
 		return err
 	}
 	s.cache.Forget()
+	s.cutWhere(func(p auth.Principal) bool { return p.WorkspaceID == ws && p.User == id })
 	s.record(ctx, ws, "user.delete", "user", id)
 	return nil
 }
@@ -345,6 +361,7 @@ func (s *Service) RevokeKey(ctx context.Context, ws, id string) error {
 		return err
 	}
 	s.cache.Forget()
+	s.cutWhere(func(p auth.Principal) bool { return p.KeyID == id })
 	s.record(ctx, ws, "key.revoke", "key", id)
 	return nil
 }

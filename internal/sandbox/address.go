@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/google/uuid"
@@ -64,7 +65,7 @@ func (m *Manager) Address(ctx context.Context, id string) (netip.Addr, <-chan st
 // cannot be reaped between the lookup and the request.
 func (m *Manager) Acquire(id string) (release func()) { return m.acquire(id) }
 
-// GrantDataplane is Dataplane for a request authorized by a signed link
+// GrantDataplane is Dataplane for a download authorized by a signed link
 // instead of an API key: the link acts with the rights of the sandbox's
 // creator, and only within workspaceID. It wakes a stopped sandbox.
 func (m *Manager) GrantDataplane(ctx context.Context, workspaceID, id string) (*Conn, error) {
@@ -73,5 +74,5 @@ func (m *Manager) GrantDataplane(ctx context.Context, workspaceID, id string) (*
 		return nil, err
 	}
 	p := auth.Principal{WorkspaceID: sb.WorkspaceID, User: sb.CreatedBy}
-	return m.Dataplane(auth.WithPrincipal(ctx, p), sb.ID)
+	return m.Dataplane(auth.WithPrincipal(ctx, p), sb.ID, authz.DownloadFile)
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -38,7 +39,7 @@ func (m *Manager) CaptureSnapshot(ctx context.Context, name string, req protocol
 	if err := validateCaptureRequest(req, m.cfg.Limits); err != nil {
 		return nil, err
 	}
-	sb, unlock, err := m.lockVisible(ctx, name)
+	sb, unlock, err := m.lockVisible(ctx, name, authz.Capture)
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/storage"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -45,7 +46,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 			return nil, err
 		}
 	}
-	parent, err := m.visible(ctx, name)
+	parent, err := m.visible(ctx, name, authz.Fork)
 	if err != nil {
 		return nil, err
 	}
@@ -176,7 +177,7 @@ func (m *Manager) recordBranches(ctx context.Context, reqs []protocol.CreateSand
 // the snapshot is a captured one), start. Its name, id, address, token and
 // settings are kept.
 func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*store.Sandbox, error) {
-	sb, unlock, err := m.lockVisible(ctx, name)
+	sb, unlock, err := m.lockVisible(ctx, name, authz.Reset)
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +245,7 @@ func (m *Manager) layersOf(ctx context.Context, ref string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	sb, err := m.visible(ctx, ref)
+	sb, err := m.visible(ctx, ref, authz.Diff)
 	if err == nil {
 		sn, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
 		if err != nil {
@@ -261,6 +262,9 @@ func (m *Manager) layersOf(ctx context.Context, ref string) ([]string, error) {
 	}
 	if errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("no sandbox or snapshot %q: %w", ref, errdefs.ErrNotFound)
+	}
+	if err == nil {
+		err = m.checkSnapshot(ctx, p, sn, authz.Diff, ref)
 	}
 	if err != nil {
 		return nil, err

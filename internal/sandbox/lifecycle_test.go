@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -80,7 +81,7 @@ func TestVisibility(t *testing.T) {
 		func() error { _, err := e.m.GetSandbox(as(other), "mine"); return err },
 		func() error { _, err := e.m.StopSandbox(as(other), "mine"); return err },
 		func() error { return e.m.DeleteSandbox(as(other), sb.ID) },
-		func() error { _, err := e.m.Dataplane(as(other), sb.ID); return err },
+		func() error { _, err := e.m.Dataplane(as(other), sb.ID, authz.Exec); return err },
 		func() error {
 			_, err := e.m.UpdateSandbox(as(other), "mine", protocol.UpdateSandboxRequest{Name: ptr("x")})
 			return err
@@ -199,7 +200,7 @@ func TestFailedBootRetriedByStart(t *testing.T) {
 	if err == nil || e.get(t, sb.ID).Status != protocol.StatusFailed {
 		t.Fatalf("create with a broken network: %v", err)
 	}
-	if _, err := e.m.Dataplane(as(member), sb.ID); !errors.Is(err, errdefs.ErrNotReady) {
+	if _, err := e.m.Dataplane(as(member), sb.ID, authz.Exec); !errors.Is(err, errdefs.ErrNotReady) {
 		t.Fatalf("dataplane on a failed sandbox: %v, want not ready", err)
 	}
 	e.net.SetupErr = nil
@@ -226,7 +227,7 @@ func TestDataplaneWakesAndGoneCloses(t *testing.T) {
 	if _, err := e.m.StopSandbox(as(member), "dp"); err != nil {
 		t.Fatal(err)
 	}
-	c, err := e.m.Dataplane(as(member), sb.ID)
+	c, err := e.m.Dataplane(as(member), sb.ID, authz.Exec)
 	if err != nil {
 		t.Fatalf("dataplane on a stopped sandbox: %v", err)
 	}

@@ -123,6 +123,11 @@ type Manager struct {
 	mu     sync.Mutex
 	boxes  map[string]*box           // per sandbox id
 	builds map[string]*buildProgress // per snapshot id, while building
+	// conns are the open dataplane Conns, re-checked when access changes
+	// (access.go).
+	conns map[*Conn]struct{}
+	// reauth are the OnReauthorize hooks.
+	reauth []func(context.Context)
 
 	// Shutdown: life ends at Close, which then waits for bg, every
 	// goroutine the manager started (reaper, watchers, builds, boots).
@@ -170,6 +175,7 @@ func New(cfg Config) (*Manager, error) {
 		quota:  newQuotaGate(cfg.Store),
 		boxes:  map[string]*box{},
 		builds: map[string]*buildProgress{},
+		conns:  map[*Conn]struct{}{},
 		life:   life, endLife: end,
 		wakeR: r, wakeW: w,
 	}, nil

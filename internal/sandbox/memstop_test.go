@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -112,7 +113,7 @@ func TestIdleStopPreservesMemoryAndWakeRestores(t *testing.T) {
 		!strings.Contains(got.StatusMessage, "memory preserved") || !e.hasStopImage(sb.ID) {
 		t.Fatalf("after idle stop: %s (%s), image %v", got.Status, got.StatusMessage, e.hasStopImage(sb.ID))
 	}
-	c, err := e.m.Dataplane(as(member), sb.ID)
+	c, err := e.m.Dataplane(as(member), sb.ID, authz.Exec)
 	if err != nil {
 		t.Fatal(err)
 	}

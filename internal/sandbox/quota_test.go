@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -126,7 +127,7 @@ func TestQuotaWake(t *testing.T) {
 	}
 	e.create(t, member, "b")
 	e.setQuota(t, store.Quota{MaxVCPUs: ptr(DefaultLimits.DefaultVCPUs)})
-	if _, err := e.m.Dataplane(ctx, a.ID); limitKind(err) != errdefs.QuotaCPU {
+	if _, err := e.m.Dataplane(ctx, a.ID, authz.Exec); limitKind(err) != errdefs.QuotaCPU {
 		t.Fatalf("dataplane wake over quota: %v", err)
 	}
 	if _, err := e.m.StartSandbox(ctx, "a"); limitKind(err) != errdefs.QuotaCPU {
@@ -141,7 +142,7 @@ func TestQuotaWake(t *testing.T) {
 	if _, err := e.m.StopSandbox(ctx, "b"); err != nil {
 		t.Fatal(err)
 	}
-	c, err := e.m.Dataplane(ctx, a.ID)
+	c, err := e.m.Dataplane(ctx, a.ID, authz.Exec)
 	if err != nil {
 		t.Fatalf("wake within quota: %v", err)
 	}
@@ -284,7 +285,7 @@ func TestQuotaConcurrentWakes(t *testing.T) {
 	errs := make(chan error, 2)
 	for _, id := range ids {
 		go func() {
-			c, err := e.m.Dataplane(ctx, id)
+			c, err := e.m.Dataplane(ctx, id, authz.Exec)
 			if err == nil {
 				c.Release()
 			}

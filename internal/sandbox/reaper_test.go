@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -32,7 +33,7 @@ func TestReaperStopsIdleSandbox(t *testing.T) {
 	}
 
 	// An open request keeps it however old its last activity.
-	c, err := e.m.Dataplane(ctx, sb.ID)
+	c, err := e.m.Dataplane(ctx, sb.ID, authz.Exec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ func TestReaperStopsIdleSandbox(t *testing.T) {
 		t.Fatal("the reaper did not persist activity")
 	}
 	// The next request starts it again.
-	c, err = e.m.Dataplane(ctx, sb.ID)
+	c, err = e.m.Dataplane(ctx, sb.ID, authz.Exec)
 	if err != nil {
 		t.Fatalf("request after an idle stop: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/sandbox/sandboxtest"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -57,7 +58,7 @@ func TestLifecycleEvents(t *testing.T) {
 	if _, err := e.m.StopSandbox(ctx, "life2"); err != nil {
 		t.Fatal(err)
 	}
-	c, err := e.m.Dataplane(WithRequestKind(ctx, "exec_ws"), sb.ID)
+	c, err := e.m.Dataplane(WithRequestKind(ctx, "exec_ws"), sb.ID, authz.Exec)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
@@ -125,9 +126,10 @@ func or(v *int64, def int64) int64 {
 	return def
 }
 
-// visible loads a sandbox by id or name if the caller may see it: its
-// creator and the workspace's admins may; anyone else gets ErrNotFound.
-func (m *Manager) visible(ctx context.Context, name string) (*store.Sandbox, error) {
+// visible loads a sandbox by id or name if the caller may perform op on
+// it (authz): with no access it gets ErrNotFound, exactly as for a
+// sandbox that does not exist; with too little, ErrForbidden.
+func (m *Manager) visible(ctx context.Context, name string, op authz.Op) (*store.Sandbox, error) {
 	p, err := principalOf(ctx)
 	if err != nil {
 		return nil, err
@@ -137,18 +139,18 @@ func (m *Manager) visible(ctx context.Context, name string) (*store.Sandbox, err
 	if err != nil {
 		return nil, err
 	}
-	if !authz.CanSee(p, authz.Sandbox(sb)) {
-		return nil, fmt.Errorf("sandbox %s: %w", name, errdefs.ErrNotFound)
+	if err := m.checkSandbox(ctx, p, sb, op, name); err != nil {
+		return nil, err
 	}
 	m.touch(sb.ID)
 	return sb, nil
 }
 
-// lockVisible loads sandbox name for the caller, takes its lifecycle lock
-// and reloads the record under it (it may have changed while waiting). The
-// caller must call unlock.
-func (m *Manager) lockVisible(ctx context.Context, name string) (sb *store.Sandbox, unlock func(), err error) {
-	if sb, err = m.visible(ctx, name); err != nil {
+// lockVisible loads sandbox name for the caller if it may perform op,
+// takes its lifecycle lock and reloads the record under it (it may have
+// changed while waiting). The caller must call unlock.
+func (m *Manager) lockVisible(ctx context.Context, name string, op authz.Op) (sb *store.Sandbox, unlock func(), err error) {
+	if sb, err = m.visible(ctx, name, op); err != nil {
 		return nil, nil, err
 	}
 	return m.lockID(ctx, sb.ID)
@@ -170,7 +172,7 @@ func (m *Manager) lockID(ctx context.Context, id string) (sb *store.Sandbox, unl
 // GetSandbox returns a sandbox by name (or id). Like every call naming a
 // sandbox, it counts as activity.
 func (m *Manager) GetSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
-	return m.visible(ctx, name)
+	return m.visible(ctx, name, authz.Get)
 }
 
 // ListSandboxes lists the sandboxes the caller may see.
@@ -179,7 +181,7 @@ func (m *Manager) ListSandboxes(ctx context.Context, o store.ListOptions) ([]*st
 	if err != nil {
 		return nil, err
 	}
-	o.CreatedBy = authz.CreatorFilter(p)
+	o.VisibleTo = authz.ListFilter(p)
 	return m.cfg.Store.ListSandboxes(ctx, p.WorkspaceID, o)
 }
 
@@ -189,7 +191,7 @@ func (m *Manager) ListSandboxes(ctx context.Context, o store.ListOptions) ([]*st
 // idempotence is what it expects); stopping one that is provisioning or
 // failed is a conflict.
 func (m *Manager) StopSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
-	sb, unlock, err := m.lockVisible(ctx, name)
+	sb, unlock, err := m.lockVisible(ctx, name, authz.StopStart)
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +237,7 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) (err 
 // that is simply already up. ctx may carry restore_memory
 // (WithRestoreMemory).
 func (m *Manager) StartSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
-	sb, err := m.visible(ctx, name)
+	sb, err := m.visible(ctx, name, authz.StopStart)
 	if err != nil {
 		return nil, err
 	}
@@ -285,7 +287,7 @@ func (m *Manager) wake(ctx context.Context, id string, explicit bool) error {
 
 // DeleteSandbox stops a sandbox and removes its record and all its data.
 func (m *Manager) DeleteSandbox(ctx context.Context, name string) error {
-	sb, unlock, err := m.lockVisible(ctx, name)
+	sb, unlock, err := m.lockVisible(ctx, name, authz.Delete)
 	if err != nil {
 		return err
 	}
@@ -332,8 +334,9 @@ type Conn struct {
 	// RunConfig is the sandbox's effective run config (image → snapshot →
 	// sandbox), for commands to layer their own on.
 	RunConfig protocol.RunConfig
-	// Gone is closed when this instance of the sandbox stops or dies, so
-	// relayed streams end instead of hanging on a dead peer.
+	// Gone is closed when this instance of the sandbox stops or dies, or
+	// when the caller's access is cut (Revoked), so relayed streams end
+	// instead of hanging on a dead peer or serving a revoked principal.
 	Gone <-chan struct{}
 	// WorkspaceID is the sandbox's workspace, for its audit record.
 	WorkspaceID string
@@ -341,6 +344,10 @@ type Conn struct {
 	id      string
 	m       *Manager
 	release func()
+	// grant is who holds the Conn for what, re-checked by Reauthorize.
+	grant connGrant
+	cut   chan struct{}
+	once  sync.Once
 }
 
 // Touch records activity (an exec frame, a chunk of a transfer).
@@ -368,10 +375,23 @@ func (c *Conn) PortAllowed(port uint16) bool { return port != 0 && int(port) != 
 // active. Safe to call more than once.
 func (c *Conn) Release() { c.release() }
 
+// Revoked reports whether the Conn was cut because its principal lost
+// access (Gone is then closed).
+func (c *Conn) Revoked() bool {
+	select {
+	case <-c.cut:
+		return true
+	default:
+		return false
+	}
+}
+
 // Dataplane resolves a dataplane request for sandbox id by the caller in
-// ctx: it checks the caller may use the sandbox, wakes it if it is stopped,
-// and marks it active until the caller calls Conn.Release.
-func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error) {
+// ctx: it checks the caller may perform op on the sandbox, wakes it if it
+// is stopped, and marks it active until the caller calls Conn.Release.
+// Until then the Conn is registered, so revoking the caller's access cuts
+// it (Reauthorize).
+func (m *Manager) Dataplane(ctx context.Context, id string, op authz.Op) (_ *Conn, err error) {
 	p, err := principalOf(ctx)
 	if err != nil {
 		return nil, err
@@ -380,8 +400,8 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 	if err != nil {
 		return nil, err
 	}
-	if !authz.CanSee(p, authz.Sandbox(sb)) {
-		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	if err := m.checkSandbox(ctx, p, sb, op, id); err != nil {
+		return nil, err
 	}
 	// Mark the sandbox busy before looking up its instance, so the idle
 	// reaper cannot stop it between the lookup and the request's use.
@@ -406,7 +426,10 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{Agent: c, RunConfig: sn.RunConfig.Layer(sb.RunConfig), Gone: gone, WorkspaceID: sb.WorkspaceID, id: id, m: m, release: release}, nil
+	conn := &Conn{Agent: c, RunConfig: sn.RunConfig.Layer(sb.RunConfig), WorkspaceID: sb.WorkspaceID, id: id, m: m,
+		grant: connGrant{p: p, op: op}, cut: make(chan struct{})}
+	conn.Gone = m.register(conn, gone, release)
+	return conn, nil
 }
 
 // StatusMessage returns sandbox id's status message ("" if unknown), for

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -152,25 +153,22 @@ func (m *Manager) view(sn *store.Snapshot) *SnapshotView {
 	return v
 }
 
-// GetSnapshot returns a snapshot of the caller's workspace.
+// GetSnapshot returns a snapshot the caller may see.
 func (m *Manager) GetSnapshot(ctx context.Context, id string) (*SnapshotView, error) {
-	p, err := principalOf(ctx)
-	if err != nil {
-		return nil, err
-	}
-	sn, err := m.cfg.Store.GetSnapshot(ctx, p.WorkspaceID, id)
+	sn, err := m.visibleSnapshot(ctx, id, authz.Get)
 	if err != nil {
 		return nil, err
 	}
 	return m.view(sn), nil
 }
 
-// ListSnapshots lists the caller's workspace's snapshots.
+// ListSnapshots lists the snapshots the caller may see.
 func (m *Manager) ListSnapshots(ctx context.Context, o store.ListOptions) ([]*SnapshotView, error) {
 	p, err := principalOf(ctx)
 	if err != nil {
 		return nil, err
 	}
+	o.VisibleTo = authz.ListFilter(p)
 	list, err := m.cfg.Store.ListSnapshots(ctx, p.WorkspaceID, o)
 	if err != nil {
 		return nil, err
@@ -187,11 +185,7 @@ func (m *Manager) ListSnapshots(ctx context.Context, o store.ListOptions) ([]*Sn
 // root filesystems use its layers, while another snapshot stacks on its
 // captured layer, and while it is still building.
 func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
-	p, err := principalOf(ctx)
-	if err != nil {
-		return err
-	}
-	sn, err := m.cfg.Store.GetSnapshot(ctx, p.WorkspaceID, id)
+	sn, err := m.visibleSnapshot(ctx, id, authz.Delete)
 	if err != nil {
 		return err
 	}
@@ -208,7 +202,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	if err := m.checkSnapshotDependents(ctx, sn); err != nil {
 		return err
 	}
-	if err := m.cfg.Store.DeleteSnapshot(ctx, p.WorkspaceID, id); err != nil {
+	if err := m.cfg.Store.DeleteSnapshot(ctx, sn.WorkspaceID, id); err != nil {
 		return err
 	}
 	return m.removeSnapshotData(ctx, sn)
@@ -216,7 +210,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 
 // resolveSnapshot finds the snapshot a create request names: by id, by
 // name, or — when neither is given — the workspace's newest ready snapshot
-// called "default".
+// called "default"; the caller must have use of it (authz.BootSnapshot).
 func (m *Manager) resolveSnapshot(ctx context.Context, workspaceID string, req protocol.CreateSandboxRequest) (*store.Snapshot, error) {
 	var sn *store.Snapshot
 	var err error
@@ -236,6 +230,13 @@ func (m *Manager) resolveSnapshot(ctx context.Context, workspaceID string, req p
 		}
 	}
 	if err != nil {
+		return nil, err
+	}
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.checkSnapshot(ctx, p, sn, authz.BootSnapshot, sn.ID); err != nil {
 		return nil, err
 	}
 	if sn.Status != protocol.SnapshotReady {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -22,7 +23,7 @@ const MaxMeteredSandboxes = 1000
 
 // Stats returns sandbox name's resource use, for whoever may see it.
 func (m *Manager) Stats(ctx context.Context, name string) (*protocol.SandboxStats, error) {
-	sb, err := m.visible(ctx, name)
+	sb, err := m.visible(ctx, name, authz.Get)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -25,7 +26,7 @@ var ErrInvalidRequest = errors.New("invalid request")
 // once). A request that sets nothing returns the sandbox unchanged, like
 // GET.
 func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.UpdateSandboxRequest) (*store.Sandbox, error) {
-	sb, err := m.visible(ctx, name)
+	sb, err := m.visible(ctx, name, authz.Update)
 	if err != nil {
 		return nil, err
 	}

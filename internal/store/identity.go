@@ -171,7 +171,7 @@ func (s *SQLite) DeleteWorkspace(ctx context.Context, id string) error {
 		case admins > 0:
 			return fmt.Errorf("workspace %s holds the instance admin key: %w", id, errdefs.ErrConflict)
 		}
-		for _, table := range []string{"api_keys", "users", "registries", "quotas"} {
+		for _, table := range []string{"shares", "api_keys", "users", "registries", "quotas"} {
 			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE workspace_id=?`, id); err != nil {
 				return fmt.Errorf("delete %s of workspace %s: %w", table, id, err)
 			}
@@ -242,6 +242,9 @@ func (s *SQLite) DeleteUser(ctx context.Context, workspaceID, id string, at time
 		if _, err := tx.ExecContext(ctx, `UPDATE api_keys SET revoked_at=COALESCE(revoked_at, ?) WHERE workspace_id=? AND user=?`,
 			fmtTime(at), workspaceID, id); err != nil {
 			return fmt.Errorf("revoke keys of user %s: %w", id, err)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM shares WHERE workspace_id=? AND grantee=?`, workspaceID, id); err != nil {
+			return fmt.Errorf("drop shares with user %s: %w", id, err)
 		}
 		return nil
 	})

@@ -191,6 +191,27 @@ var migrations = []string{
 	// 9: preserve_memory_on_stop: a stop checkpoints the sandbox's memory
 	// and the next start restores it.
 	`ALTER TABLE sandboxes ADD COLUMN preserve_memory_on_stop INTEGER NOT NULL DEFAULT 0;`,
+	// 10: sharing a sandbox or snapshot with a user or the whole workspace
+	// ('*'). A record's shares go with it (the triggers). IF NOT EXISTS
+	// keeps it re-runnable on a schema rolled back past it (tests do).
+	`CREATE TABLE IF NOT EXISTS shares (
+		id TEXT PRIMARY KEY,
+		workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+		resource_kind TEXT NOT NULL CHECK (resource_kind IN ('sandbox', 'snapshot')),
+		resource_id TEXT NOT NULL,
+		grantee TEXT NOT NULL,
+		access TEXT NOT NULL CHECK (access IN ('read', 'use')),
+		created_by TEXT NOT NULL,
+		created_at TEXT NOT NULL,
+		UNIQUE(resource_kind, resource_id, grantee)
+	);
+	CREATE INDEX IF NOT EXISTS shares_grantee ON shares(resource_kind, grantee, resource_id);
+	CREATE TRIGGER IF NOT EXISTS sandboxes_drop_shares AFTER DELETE ON sandboxes BEGIN
+		DELETE FROM shares WHERE resource_kind='sandbox' AND resource_id=OLD.id;
+	END;
+	CREATE TRIGGER IF NOT EXISTS snapshots_drop_shares AFTER DELETE ON snapshots BEGIN
+		DELETE FROM shares WHERE resource_kind='snapshot' AND resource_id=OLD.id;
+	END;`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -408,15 +429,18 @@ func (s *SQLite) SnapshotByName(ctx context.Context, workspaceID, name string) (
 	return queryOne(ctx, s.db, "snapshot", scanSnapshot, name, snapshotGet+` WHERE s.workspace_id=? AND s.name=? ORDER BY s.created_at DESC LIMIT 1`, workspaceID, name)
 }
 
-func listClause(o ListOptions) (string, []any) {
+// listClause is the filter, order and page of a list of kind (the table
+// name, for the visibility filter).
+func listClause(kind string, o ListOptions) (string, []any) {
 	where, args := "", []any{}
 	if o.NameContains != "" {
 		where = ` AND instr(lower(name), lower(?)) > 0`
 		args = append(args, o.NameContains)
 	}
-	if o.CreatedBy != "" {
-		where += ` AND created_by=?`
-		args = append(args, o.CreatedBy)
+	if o.VisibleTo != "" {
+		w, a := visibleClause(kind, o.VisibleTo)
+		where += w
+		args = append(args, a...)
 	}
 	limit := o.Limit
 	if limit <= 0 {
@@ -426,10 +450,25 @@ func listClause(o ListOptions) (string, []any) {
 	return where + ` ORDER BY created_at, id LIMIT ? OFFSET ?`, args
 }
 
+// visibleClause keeps the records of kind user may see (ListOptions.VisibleTo).
+func visibleClause(kind, user string) (string, []any) {
+	shared := ` OR id IN (SELECT resource_id FROM shares WHERE resource_kind=? AND grantee IN (?, '*'))`
+	switch kind {
+	case "sandboxes":
+		return ` AND (created_by=?` + shared + `)`, []any{user, ShareSandbox, user}
+	case "snapshots":
+		// Snapshots built from an image hold nothing private: the whole
+		// workspace sees them (authz.Snapshot).
+		return ` AND (created_by=? OR source_sandbox_id=''` + shared + `)`, []any{user, ShareSnapshot, user}
+	default:
+		return ` AND created_by=?`, []any{user}
+	}
+}
+
 // ListSnapshots lists a workspace's snapshots, oldest first, without run
 // configs.
 func (s *SQLite) ListSnapshots(ctx context.Context, workspaceID string, o ListOptions) ([]*Snapshot, error) {
-	clause, args := listClause(o)
+	clause, args := listClause("snapshots", o)
 	return queryAll(ctx, s.db, "snapshots", scanSnapshot, snapshotList+` WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
 }
 
@@ -593,7 +632,7 @@ func (s *SQLite) GetSandboxByID(ctx context.Context, id string) (*Sandbox, error
 
 // ListSandboxes lists a workspace's sandboxes, oldest first.
 func (s *SQLite) ListSandboxes(ctx context.Context, workspaceID string, o ListOptions) ([]*Sandbox, error) {
-	clause, args := listClause(o)
+	clause, args := listClause("sandboxes", o)
 	return queryAll(ctx, s.db, "sandboxes", scanSandbox, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
 }
 

@@ -112,15 +112,17 @@ func TestNamesAndScoping(t *testing.T) {
 	}
 }
 
-// The creator filter applies before paging: a user's page is full of
-// their own records, and the next offset continues among them only.
-func TestListSandboxesCreatedByPagesAfterFilter(t *testing.T) {
+// The visibility filter applies before paging: a member's page is full of
+// what it may see (its own, shared with it, shared with the workspace),
+// and the next offset continues among those only.
+func TestListSandboxesVisibleToPagesAfterFilter(t *testing.T) {
 	st := openTest(t, filepath.Join(t.TempDir(), "db"))
 	ctx := context.Background()
 	if err := st.EnsureWorkspace(ctx, Workspace{ID: "w", Name: "w", CreatedAt: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
 	base := time.Now().UTC().Add(-time.Hour)
+	want := map[string]bool{}
 	for i := range 30 {
 		who := "a"
 		if i%3 == 0 {
@@ -131,15 +133,22 @@ func TestListSandboxesCreatedByPagesAfterFilter(t *testing.T) {
 		if err := st.CreateSandbox(ctx, sb); err != nil {
 			t.Fatal(err)
 		}
+		grantee := map[int]string{4: "b", 5: ShareWorkspace, 7: "c"}[i]
+		if grantee != "" {
+			putShare(t, st, ShareSandbox, sb.ID, grantee, "read")
+		}
+		if who == "b" || grantee == "b" || grantee == ShareWorkspace {
+			want[sb.Name] = true
+		}
 	}
 	var seen []string
 	for off := 0; ; off += 4 {
-		page, err := st.ListSandboxes(ctx, "w", ListOptions{CreatedBy: "b", Limit: 4, Offset: off})
+		page, err := st.ListSandboxes(ctx, "w", ListOptions{VisibleTo: "b", Limit: 4, Offset: off})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, sb := range page {
-			if sb.CreatedBy != "b" {
+			if !want[sb.Name] {
 				t.Fatalf("filter let %s's %s through", sb.CreatedBy, sb.Name)
 			}
 			seen = append(seen, sb.Name)
@@ -148,8 +157,105 @@ func TestListSandboxesCreatedByPagesAfterFilter(t *testing.T) {
 			break
 		}
 	}
-	if len(seen) != 10 {
-		t.Fatalf("paged through %d of b's 10 sandboxes: %v", len(seen), seen)
+	if len(seen) != len(want) {
+		t.Fatalf("paged through %d of b's %d sandboxes: %v", len(seen), len(want), seen)
+	}
+}
+
+func putShare(t *testing.T, st *SQLite, kind, id, grantee, access string) *Share {
+	t.Helper()
+	sh := &Share{ID: "sh-" + kind + id + grantee, WorkspaceID: "w", ResourceKind: kind, ResourceID: id, Grantee: grantee,
+		Access: access, CreatedBy: "a", CreatedAt: time.Now()}
+	if err := st.PutShare(context.Background(), sh); err != nil {
+		t.Fatal(err)
+	}
+	return sh
+}
+
+// TestShares: a second grant to a grantee changes its access (same share),
+// the best of a user's and the workspace's grant wins, revocation and the
+// resource's deletion remove shares, and image-built snapshots are listed
+// to every member.
+func TestShares(t *testing.T) {
+	st := openTest(t, filepath.Join(t.TempDir(), "db"))
+	ctx := context.Background()
+	now := time.Now().UTC()
+	if err := st.EnsureWorkspace(ctx, Workspace{ID: "w", Name: "w", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CreateSandbox(ctx, &Sandbox{ID: "b1", WorkspaceID: "w", CreatedBy: "a", Name: "box", Status: "stopped", Token: "t", CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	first := putShare(t, st, ShareSandbox, "b1", "u", "read")
+	again := &Share{ID: "other", WorkspaceID: "w", ResourceKind: ShareSandbox, ResourceID: "b1", Grantee: "u", Access: "use", CreatedBy: "a", CreatedAt: now}
+	if err := st.PutShare(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	if again.ID != first.ID || again.Access != "use" {
+		t.Fatalf("second grant: %+v, want share %s with use", again, first.ID)
+	}
+	access := func(user string) string {
+		t.Helper()
+		a, err := st.SharedAccess(ctx, ShareSandbox, "b1", user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	ws := putShare(t, st, ShareSandbox, "b1", ShareWorkspace, "read")
+	if got := access("u"); got != "use" {
+		t.Fatalf("u has %q, want use (its own grant beats the workspace's read)", got)
+	}
+	if got := access("v"); got != "read" {
+		t.Fatalf("v has %q, want read through the workspace", got)
+	}
+	if list, err := st.ListShares(ctx, ShareSandbox, "b1"); err != nil || len(list) != 2 {
+		t.Fatalf("list: %v %v", list, err)
+	}
+	if _, err := st.DeleteShare(ctx, ShareSandbox, "b1", ws.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.DeleteShare(ctx, ShareSandbox, "b1", ws.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+	if got := access("v"); got != "" {
+		t.Fatalf("v has %q after revocation", got)
+	}
+	if err := st.DeleteSandbox(ctx, "b1"); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := st.ListShares(ctx, ShareSandbox, "b1"); len(list) != 0 {
+		t.Fatalf("shares outlived their sandbox: %v", list)
+	}
+
+	for _, sn := range []*Snapshot{
+		{ID: "img", WorkspaceID: "w", CreatedBy: "a", Name: "img", Status: "ready", CreatedAt: now, UpdatedAt: now},
+		{ID: "cap", WorkspaceID: "w", CreatedBy: "a", Name: "cap", Status: "ready", SourceSandboxID: "b1", CreatedAt: now.Add(time.Second), UpdatedAt: now},
+	} {
+		if err := st.CreateSnapshot(ctx, sn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if list, _ := st.ListSnapshots(ctx, "w", ListOptions{VisibleTo: "u"}); len(list) != 1 || list[0].ID != "img" {
+		t.Fatalf("u lists %v, want only the image-built snapshot", list)
+	}
+	putShare(t, st, ShareSnapshot, "cap", "u", "read")
+	if list, _ := st.ListSnapshots(ctx, "w", ListOptions{VisibleTo: "u"}); len(list) != 2 {
+		t.Fatalf("u lists %d snapshots after a share, want 2", len(list))
+	}
+	if err := st.DeleteSnapshot(ctx, "w", "cap"); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := st.ListShares(ctx, ShareSnapshot, "cap"); len(list) != 0 {
+		t.Fatalf("shares outlived their snapshot: %v", list)
+	}
+	if err := st.PutAPIKey(ctx, APIKey{ID: "k", WorkspaceID: "w", User: "u", Role: RoleMember, Hash: "h", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	for user, want := range map[string]bool{"u": true, "nobody": false} {
+		if got, err := st.UserInWorkspace(ctx, "w", user); err != nil || got != want {
+			t.Fatalf("UserInWorkspace(%s) = %v %v", user, got, err)
+		}
 	}
 }
 

@@ -182,12 +182,37 @@ type Registry struct {
 	UpdatedBy      string
 }
 
+// Resource kinds a share names.
+const (
+	ShareSandbox  = "sandbox"
+	ShareSnapshot = "snapshot"
+)
+
+// ShareWorkspace is the grantee of a share with the whole workspace.
+const ShareWorkspace = "*"
+
+// Share grants a user (or, as ShareWorkspace, every user of the workspace)
+// access ("read" or "use", see internal/authz) to one sandbox or snapshot.
+// There is at most one share per (resource, grantee).
+type Share struct {
+	ID           string
+	WorkspaceID  string
+	ResourceKind string
+	ResourceID   string
+	Grantee      string
+	Access       string
+	CreatedBy    string
+	CreatedAt    time.Time
+}
+
 // ListOptions filter and page list queries.
 type ListOptions struct {
 	NameContains string
-	// CreatedBy, when set, keeps only records that user created. It is
-	// applied before paging, so a page of a user's records is full.
-	CreatedBy string
+	// VisibleTo, when set, keeps only the records that user may see as a
+	// member: those it created, those shared with it or with the whole
+	// workspace, and (snapshots) those built from an image. It is applied
+	// in the query, before paging, so a page of a member's records is full.
+	VisibleTo string
 	Limit     int
 	Offset    int
 }
@@ -261,6 +286,23 @@ type Store interface {
 	// SetSandboxToken persists the agent token of sandbox id's next (or
 	// current) instance; UpdateSandbox never writes the token.
 	SetSandboxToken(ctx context.Context, id, token string) error
+
+	// PutShare records sh, or, when the resource already has a share with
+	// sh.Grantee, changes that share's access and returns it in sh (its
+	// id, creator and creation time are kept).
+	PutShare(ctx context.Context, sh *Share) error
+	// ListShares lists the shares of one resource, oldest first.
+	ListShares(ctx context.Context, kind, resourceID string) ([]*Share, error)
+	// DeleteShare removes share id of a resource (ErrNotFound if it has
+	// none such) and returns what it was.
+	DeleteShare(ctx context.Context, kind, resourceID, id string) (*Share, error)
+	// SharedAccess returns the access ("" for none) that user holds on a
+	// resource through shares with it or with the whole workspace: the
+	// higher of the two.
+	SharedAccess(ctx context.Context, kind, resourceID, user string) (string, error)
+	// UserInWorkspace reports whether user exists in workspaceID (has a key
+	// there): only such users can be granted a share.
+	UserInWorkspace(ctx context.Context, workspaceID, user string) (bool, error)
 
 	CreateRegistry(ctx context.Context, r *Registry) error
 	UpdateRegistry(ctx context.Context, r *Registry) error

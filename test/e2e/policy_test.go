@@ -226,6 +226,11 @@ func TestSecretReferenceNeedsGrant(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A captured snapshot is private to its creator: share it, so the
+		// secret check is what refuses the create.
+		if code, b := e.api(t, "POST", "/snapshots/"+sn.ID+"/shares", map[string]any{"user_id": "mallory", "access": "use"}); code != 201 {
+			t.Fatalf("share the capture: %d %s", code, b)
+		}
 		code, b := apiAs(t, e.d, key, "POST", "/boxes", map[string]any{"name": "steal-inherit", "snapshot_id": sn.ID})
 		wantForbidden(t, "create from capture", code, b)
 	})
