@@ -400,6 +400,9 @@ func TestLinks(t *testing.T) {
 		{`{"port":80,"access":"workspace","expires_in_seconds":5}`, "body/expires_in_seconds"},
 		{`{"port":80,"expires_in_seconds":0}`, "body/expires_in_seconds"},
 		{`{"port":80,"expires_in_seconds":999999999}`, "body/expires_in_seconds"},
+		{`{"port":80,"embed_origins":["http://evil.example"]}`, "body/embed_origins[0]"},
+		{`{"port":80,"embed_origins":["https://a.example/path"]}`, "body/embed_origins[0]"},
+		{`{"port":80,"embed_origins":["https://a","https://b","https://c","https://d","https://e","https://f"]}`, "body/embed_origins"},
 	} {
 		st, body := ta.do(t, "POST", "/v2/sandboxes/boxes/bobs/service-url", memberKey, c.body)
 		if loc, _ := validation(body); st != 422 || loc != c.loc {
@@ -409,6 +412,13 @@ func TestLinks(t *testing.T) {
 	st, body := ta.do(t, "POST", "/v2/sandboxes/boxes/bobs/service-url", memberKey, `{"port":8080}`)
 	if st != 200 || field(body, "token") != "tok" || field(body, "expires_at") != "2030-01-01T00:00:00Z" || ta.gw.ttl != defaultServiceTTL {
 		t.Fatalf("service-url: %d %v (ttl %v)", st, body, ta.gw.ttl)
+	}
+	if field(body, "embed_url") != nil {
+		t.Fatalf("embed_url without embed_origins: %v", body)
+	}
+	st, body = ta.do(t, "POST", "/v2/sandboxes/boxes/bobs/service-url", memberKey, `{"port":8080,"embed_origins":["https://App.example:8443/","http://localhost:3000","https://app.example:8443"]}`)
+	if st != 200 || field(body, "embed_url") != "http://embed" || fmt.Sprint(ta.gw.embed) != "[https://app.example:8443 http://localhost:3000]" {
+		t.Fatalf("service-url with embed_origins: %d %v (gateway got %v)", st, body, ta.gw.embed)
 	}
 	if st, body = ta.do(t, "POST", "/v2/sandboxes/boxes/bobs/service-url", memberKey, `{"port":8080,"access":"restricted"}`); st != 200 || field(body, "access") != "restricted" || field(body, "token") != nil {
 		t.Fatalf("login-mode service-url: %d %v", st, body)

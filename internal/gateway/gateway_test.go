@@ -199,7 +199,7 @@ func get(t *testing.T, c *http.Client, u string, hdr http.Header) (*http.Respons
 func TestServiceTokenPathForm(t *testing.T) {
 	port := backend(t)
 	g, _, sb := newTestGateway(t, "")
-	link, err := g.IssueService(context.Background(), sb, port, time.Minute)
+	link, err := g.IssueService(context.Background(), sb, port, time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestServiceTokenPathForm(t *testing.T) {
 		t.Errorf("X-Forwarded-Prefix = %q", e.Header.Get("X-Forwarded-Prefix"))
 	}
 	// Wrong port, no token, bad token, other sandbox.
-	other, _ := g.IssueService(context.Background(), sb, port+1, time.Minute)
+	other, _ := g.IssueService(context.Background(), sb, port+1, time.Minute, nil)
 	for name, h := range map[string]http.Header{
 		"none":       nil,
 		"garbage":    {protocol.ServiceTokenHeader: {"nope"}},
@@ -237,7 +237,7 @@ func TestServiceTokenPathForm(t *testing.T) {
 func TestBrowserURLSetsCookie(t *testing.T) {
 	port := backend(t)
 	g, _, sb := newTestGateway(t, "")
-	link, _ := g.IssueService(context.Background(), sb, port, time.Minute)
+	link, _ := g.IssueService(context.Background(), sb, port, time.Minute, nil)
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar}
 	resp, e := get(t, c, link.BrowserURL, nil)
@@ -259,7 +259,7 @@ func TestBrowserURLSetsCookie(t *testing.T) {
 func TestHostFormAndWebSocket(t *testing.T) {
 	port := backend(t)
 	g, ts, sb := newTestGateway(t, "svc.test")
-	link, _ := g.IssueService(context.Background(), sb, port, time.Minute)
+	link, _ := g.IssueService(context.Background(), sb, port, time.Minute, nil)
 	want := fmt.Sprintf("box--%d.svc.test", port)
 	if !strings.Contains(link.ServiceURL, want) {
 		t.Fatalf("service URL %s lacks host %s", link.ServiceURL, want)
@@ -290,8 +290,8 @@ func TestHostFormAndWebSocket(t *testing.T) {
 func TestLoginMode(t *testing.T) {
 	port := backend(t)
 	g, _, sb := newTestGateway(t, "")
-	ll := g.GrantLogin(context.Background(), sb, port, protocol.AccessRestricted)
-	if _, err := g.IssueService(context.Background(), sb, port, time.Minute); !errors.Is(err, errdefs.ErrConflict) {
+	ll := g.GrantLogin(context.Background(), sb, port, protocol.AccessRestricted, nil)
+	if _, err := g.IssueService(context.Background(), sb, port, time.Minute, nil); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("token mode on a login port: %v, want conflict", err)
 	}
 	login := func(key string) (int, echo) {
@@ -311,7 +311,7 @@ func TestLoginMode(t *testing.T) {
 	if code, _ := login("bob-key"); code != http.StatusForbidden {
 		t.Errorf("restricted, other user: %d, want 403", code)
 	}
-	g.GrantLogin(context.Background(), sb, port, protocol.AccessWorkspace)
+	g.GrantLogin(context.Background(), sb, port, protocol.AccessWorkspace, nil)
 	if code, _ := login("bob-key"); code != 200 {
 		t.Errorf("workspace, other user: %d, want 200", code)
 	}
@@ -352,7 +352,7 @@ func TestStreamingFlushes(t *testing.T) {
 	_, p, _ := net.SplitHostPort(ts.Listener.Addr().String())
 	port, _ := strconv.Atoi(p)
 	g, _, sb := newTestGateway(t, "")
-	link, _ := g.IssueService(context.Background(), sb, port, time.Minute)
+	link, _ := g.IssueService(context.Background(), sb, port, time.Minute, nil)
 	req, _ := http.NewRequest(http.MethodGet, link.ServiceURL+"/events", nil)
 	req.Header.Set(protocol.ServiceTokenHeader, link.Token)
 	resp, err := http.DefaultClient.Do(req)
@@ -402,7 +402,7 @@ func TestHostileServiceCannotPlantTokenCookie(t *testing.T) {
 	g, _, sb := newTestGateway(t, "")
 	other := &store.Sandbox{ID: "7c0d2a51-aaaa-4bbb-8ccc-ddddeeeeffff", Name: "other", WorkspaceID: "w", CreatedBy: "alice"}
 	g.cfg.Sandboxes.(*fakeSandboxes).sbs[other.ID] = other
-	link, err := g.IssueService(context.Background(), sb, port, time.Minute)
+	link, err := g.IssueService(context.Background(), sb, port, time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,19 @@ func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	exp := time.Now().Add(g.cfg.LoginTTL).Truncate(time.Second)
-	tok, err := g.cfg.Signer.Sign(Claims{Audience: AudienceService, Workspace: sb.WorkspaceID, Sandbox: sb.ID, Port: port, Expires: exp.Unix()})
+	c := Claims{Audience: AudienceService, Workspace: sb.WorkspaceID, Sandbox: sb.ID, Port: port, Expires: exp.Unix(),
+		Embed: g.grantEmbed(sb.ID, port), User: p.User}
+	if g.cfg.Users != nil && p.User != "" {
+		u, err := g.cfg.Users.GetUser(ctx, p.WorkspaceID, p.User)
+		if err != nil && !errdefs.IsNotFound(err) {
+			g.cfg.WriteError(ctx, w, err)
+			return
+		}
+		if u != nil {
+			c.Email, c.Name = u.Email, u.Name
+		}
+	}
+	tok, err := g.cfg.Signer.Sign(c)
 	if err != nil {
 		g.cfg.WriteError(ctx, w, err)
 		return

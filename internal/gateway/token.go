@@ -41,7 +41,15 @@ type Claims struct {
 	Path        string `json:"path,omitempty"`
 	ContentType string `json:"ct,omitempty"`
 	Disposition string `json:"cd,omitempty"`
-	IssuedAt    int64  `json:"iat"`
+	// User, Email and Name are the logged-in user of a login-mode session;
+	// the gateway asserts them to the service (X-Langsmith-User-*).
+	User  string `json:"uid,omitempty"`
+	Email string `json:"email,omitempty"`
+	Name  string `json:"name,omitempty"`
+	// Embed are the origins allowed to frame the service through this
+	// token (frame-ancestors); none means it may not be framed.
+	Embed    []string `json:"emb,omitempty"`
+	IssuedAt int64    `json:"iat"`
 	// Expires is a Unix time; 0 means the token never expires (download
 	// links only).
 	Expires int64  `json:"exp,omitempty"`
