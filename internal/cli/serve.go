@@ -19,6 +19,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/identity"
 	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/registry"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -180,7 +181,27 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	registries := registry.New(st, box)
-	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, log)
+	// Listening starts here (connections wait in the backlog until the
+	// API serves) because the public URL is the identity tokens' issuer,
+	// which the egress proxy's callback signatures need.
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", f.listen, err)
+	}
+	defer ln.Close() // for an early return; Serve closes it too
+	public := f.publicURL
+	if public == "" {
+		public = "http://" + ln.Addr().String()
+	}
+	identityKey, err := jwtkeys.LoadOrCreate(ctx, filepath.Join(f.dataDir, "identity-ed25519.key"), log)
+	if err != nil {
+		return err
+	}
+	idSigner, err := jwtkeys.New(identityKey, public)
+	if err != nil {
+		return err
+	}
+	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, idSigner, log)
 	if err != nil {
 		return err
 	}
@@ -201,16 +222,8 @@ func serve(ctx context.Context, f serveFlags) error {
 	} else if _, err := images.GC(ctx, inUse); err != nil {
 		log.Warn("image gc at start", "err", err)
 	}
-	ln, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", f.listen, err)
-	}
-	public := f.publicURL
-	if public == "" {
-		public = "http://" + ln.Addr().String()
-	}
 	authn := auth.New(st)
-	gw, err := newGateway(ctx, f, public, mgr, authn, log)
+	gw, err := newGateway(ctx, f, public, mgr, authn, st, idSigner, log)
 	if err != nil {
 		return err
 	}
@@ -218,7 +231,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	// before st.Close); a kill -9 loses at most its last flush interval.
 	access := accesslog.New(st, log)
 	defer access.Close()
-	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithExecOutputLimit(f.execOutputLimit),
+	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithJWKS(idSigner), api.WithExecOutputLimit(f.execOutputLimit),
 		api.WithIdentity(identity.New(st, authn, access)), api.WithAccessLog(access))
 	handler.EnableRegistries(registries)
 	handler.EnableEgress(vault, egress)

@@ -359,7 +359,10 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 	if err != nil {
 		return nil, err
 	}
-	return &Conn{Agent: c, RunConfig: sn.RunConfig.Layer(sb.RunConfig), Gone: gone, id: id, m: m, release: release}, nil
+	// The proxy rules' dummy env_vars sit between the snapshot's layer and
+	// the sandbox's own, which may override them.
+	rc := sn.RunConfig.Layer(&protocol.RunConfig{EnvVars: protocol.ProxyEnvVars(sb.ProxyConfig)}).Layer(sb.RunConfig)
+	return &Conn{Agent: c, RunConfig: rc, Gone: gone, id: id, m: m, release: release}, nil
 }
 
 // StatusMessage returns sandbox id's status message ("" if unknown), for
