@@ -18,6 +18,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // Recorder takes access records; handlers and services (key and user
@@ -161,4 +162,15 @@ func (l *Log) write(batch []store.AccessRecord) {
 		l.dropped.Add(int64(len(batch)))
 		l.log.Error("write access audit records", "records", len(batch), "err", err)
 	}
+}
+
+// Quotas records quota changes through a Recorder (api.QuotaAudit): one
+// "quota.set" record in the workspace whose quotas changed, so its admins
+// see who changed them.
+type Quotas struct{ Recorder Recorder }
+
+// QuotaChanged implements api.QuotaAudit.
+func (q Quotas) QuotaChanged(ctx context.Context, p auth.Principal, workspaceID string, _ protocol.Quota) {
+	q.Recorder.Record(auth.WithPrincipal(ctx, p), store.AccessRecord{WorkspaceID: workspaceID, Action: "quota.set",
+		ResourceKind: "workspace", Resource: workspaceID})
 }

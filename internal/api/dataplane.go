@@ -18,6 +18,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
+	"github.com/cubicle-dev/cubicle/internal/telemetry"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/google/uuid"
 )
@@ -26,6 +27,7 @@ import (
 // stopped) or writes the error and reports false. The caller releases the
 // returned handle.
 func (s *Server) dataplane(w http.ResponseWriter, r *http.Request) (*sandbox.Conn, bool) {
+	telemetry.SetSandbox(r.Context(), r.PathValue("id"))
 	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
 	if err != nil {
 		writeError(r.Context(), w, err)
@@ -93,7 +95,9 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	stdout, stderr := &cappedOutput{max: s.execOutputLimit}, &cappedOutput{max: s.execOutputLimit}
+	ctx, done := s.tel.Exec(ctx, "http", r.PathValue("id"), f.CommandID)
 	code, err := conn.Agent.Exec(ctx, f, stdout, stderr)
+	done(code, err)
 	switch {
 	case errors.Is(err, agent.ErrCommandTimeout):
 		writeDetail(w, http.StatusRequestTimeout, protocol.ErrCommandTimeout, fmt.Sprintf("command timed out after %ds", timeout))
@@ -206,6 +210,9 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if first.Type == protocol.FrameExecute {
+		var done func(int, error)
+		ctx, done = s.tel.Exec(ctx, "ws", r.PathValue("id"), first.CommandID)
+		defer done(-1, nil)
 		if err := layerExec(dp.RunConfig, &first); err != nil {
 			_ = wsjson.Write(ctx, conn, protocol.ExecFrame{Type: protocol.FrameError, ErrorType: protocol.ErrCommandError, Error: err.Error()})
 			conn.Close(websocket.StatusNormalClosure, "")

@@ -292,8 +292,26 @@ func (f *fakeSandboxes) GrantDataplane(_ context.Context, ws, id string) (*sandb
 }
 
 func (f *fakeSandboxes) StatusMessage(context.Context, string) string { return "" }
-func (f *fakeSandboxes) Runtime() string                              { return "fake-runtime" }
-func (f *fakeSandboxes) StorageBackend() string                       { return "fake-storage" }
+
+func (f *fakeSandboxes) Stats(ctx context.Context, name string) (*protocol.SandboxStats, error) {
+	sb, err := f.visible(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	return &protocol.SandboxStats{ID: sb.ID, Name: sb.Name, Status: sb.Status, CPUSeconds: 2}, nil
+}
+
+func (f *fakeSandboxes) ListStats(ctx context.Context) ([]protocol.SandboxStats, error) {
+	var out []protocol.SandboxStats
+	for name := range f.sandboxes {
+		if st, err := f.Stats(ctx, name); err == nil {
+			out = append(out, *st)
+		}
+	}
+	return out, nil
+}
+func (f *fakeSandboxes) Runtime() string        { return "fake-runtime" }
+func (f *fakeSandboxes) StorageBackend() string { return "fake-storage" }
 
 // fakeImages is an image store with fixed contents.
 type fakeImages struct {

@@ -20,6 +20,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
 	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
+	"github.com/cubicle-dev/cubicle/internal/telemetry"
 )
 
 // prefixes are the control-plane mount points (spec §1.2 and §11.1).
@@ -49,6 +50,11 @@ type Server struct {
 	// jwks is the identity-signing public key set; nil without WithJWKS,
 	// and then /.well-known/jwks.json does not exist.
 	jwks *jwtkeys.JWKS
+	// tel instruments every route and exec (WithTelemetry; default
+	// telemetry.Discard).
+	tel *telemetry.Telemetry
+	// limiter rate-limits requests per API key; nil without WithRateLimit.
+	limiter *keyLimiter
 }
 
 // drain tells long-lived responses that the server is shutting down.
@@ -90,11 +96,21 @@ func WithExecOutputLimit(n int) Option {
 	}
 }
 
+// WithTelemetry instruments the API with t (metrics, spans, request ids)
+// and serves t's metrics at GET /metrics to admin keys.
+func WithTelemetry(t *telemetry.Telemetry) Option {
+	return func(s *Server) {
+		if t != nil {
+			s.tel = t
+		}
+	}
+}
+
 // New returns a Server. publicURL is the externally reachable base URL from
 // which dataplane URLs are derived (no trailing slash).
 func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *slog.Logger, opts ...Option) *Server {
 	s := &Server{mgr: mgr, auth: a, images: images, publicURL: strings.TrimRight(publicURL, "/"), log: log, mux: http.NewServeMux(),
-		execOutputLimit: DefaultExecOutputLimit, draining: make(chan struct{}), access: accesslog.Discard{}}
+		execOutputLimit: DefaultExecOutputLimit, draining: make(chan struct{}), access: accesslog.Discard{}, tel: telemetry.Discard()}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -109,6 +125,8 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 		s.handle("PATCH "+p+"/boxes/{name}", jsonHandler(http.StatusOK, nil, s.updateSandbox))
 		s.handle("DELETE "+p+"/boxes/{name}", jsonHandler(http.StatusOK, nil, s.deleteSandbox))
 		s.handle("GET "+p+"/boxes/{name}/status", jsonHandler(http.StatusOK, nil, s.sandboxStatus))
+		s.handle("GET "+p+"/boxes/{name}/stats", jsonHandler(http.StatusOK, nil, s.sandboxStats))
+		s.handle("GET "+p+"/stats", jsonHandler(http.StatusOK, nil, s.listStats))
 		s.handle("POST "+p+"/boxes/{name}/stop", jsonHandler(http.StatusOK, nil, s.stopSandbox))
 		s.handle("POST "+p+"/boxes/{name}/start", jsonHandler(http.StatusOK, nil, s.startSandbox))
 		s.handle("POST "+p+"/images/load", s.loadImage)
@@ -134,6 +152,7 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	s.handle("POST /dp/{id}/upload", s.upload)
 	s.handle("GET /dp/{id}/download", s.download)
 	s.handle("HEAD /dp/{id}/download", s.download)
+	s.handle("GET /metrics", s.metrics)
 	s.registerProtocolRoutes()
 	s.registerBranchingRoutes()
 	s.registerTenancyRoutes()
@@ -163,18 +182,29 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // handle registers an authenticated handler: every API request must carry a
-// valid X-Api-Key; the principal it names is put in the request context.
+// valid X-Api-Key, within its key's rate limit; the principal it names is
+// put in the request context.
 func (s *Server) handle(pattern string, h http.HandlerFunc) {
 	target := targetOf(pattern)
-	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+	s.mux.Handle(pattern, s.observe(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		p, err := s.auth.Authenticate(r.Context(), r.Header.Get("X-Api-Key"))
 		note(r, target, p, err)
+		if err == nil && s.limiter != nil {
+			err = s.limiter.admit(p)
+		}
 		if err != nil {
 			writeError(r.Context(), w, err)
 			return
 		}
+		telemetry.SetWorkspace(r.Context(), p.WorkspaceID)
 		h(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
-		s.log.Debug("request", "method", r.Method, "path", r.URL.Path, "workspace", p.WorkspaceID, "took", time.Since(start))
-	})
+		s.log.DebugContext(r.Context(), "request", "method", r.Method, "path", r.URL.Path, "workspace", p.WorkspaceID, "took", time.Since(start))
+	}))
+}
+
+// observe wraps route pattern's handler in the telemetry middleware:
+// request id, span, metrics by route and status.
+func (s *Server) observe(pattern string, h http.HandlerFunc) http.Handler {
+	return s.tel.Middleware(pattern, h)
 }

@@ -48,6 +48,8 @@ type Sandboxes interface {
 	Dataplane(ctx context.Context, id string) (*sandbox.Conn, error)
 	GrantDataplane(ctx context.Context, workspaceID, id string) (*sandbox.Conn, error)
 	StatusMessage(ctx context.Context, id string) string
+	Stats(ctx context.Context, name string) (*protocol.SandboxStats, error)
+	ListStats(ctx context.Context) ([]protocol.SandboxStats, error)
 
 	Runtime() string
 	StorageBackend() string
@@ -119,6 +121,7 @@ type EgressLogs interface {
 
 var (
 	_ Sandboxes     = (*sandbox.Manager)(nil)
+	_ Quotas        = (*sandbox.Manager)(nil)
 	_ Authenticator = (*auth.Authenticator)(nil)
 	_ Images        = (*image.Store)(nil)
 	_ Gateway       = (*gateway.Gateway)(nil)

@@ -70,6 +70,7 @@ const (
 	ManageSecrets Admin = "managing workspace secrets"
 	LoadImages    Admin = "loading images"
 	RemoveImages  Admin = "removing images"
+	ReadMetrics   Admin = "reading the daemon's metrics"
 )
 
 // Require returns nil if p may perform op: an admin of a workspace. A

@@ -48,7 +48,7 @@ func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
 // newEgress starts the egress proxy and opens the workspace secrets vault.
 // The daemon's resolver for proxied sandboxes forwards to hostResolv's
 // nameservers.
-func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, netmgr *network.Manager, box *secrets.Box, ids *jwtkeys.Signer, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
+func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, netmgr *network.Manager, box *secrets.Box, ids *jwtkeys.Signer, meter proxy.Meter, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
 	vault, err := secrets.OpenVault(box, filepath.Join(dataDir, "workspace-secrets.json"))
 	if err != nil {
 		return nil, nil, err
@@ -59,7 +59,7 @@ func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, n
 	}
 	cfg := proxy.Config{
 		Network: netmgr, CADir: filepath.Join(dataDir, "ca"), Listen: f.listen,
-		Secrets: vault, Forbidden: []netip.Prefix{netmgr.Pool()}, Logger: log,
+		Secrets: vault, Forbidden: []netip.Prefix{netmgr.Pool()}, Logger: log, Meter: meter,
 		Resolve: map[string]netip.Addr{}, Upstreams: upstreams, MaxConnsPerSandbox: f.maxConns,
 		Identity: ids, STSEndpoint: f.stsEndpoint,
 	}

@@ -36,6 +36,8 @@ func Main(args []string) int {
 		newKeyCmd(),
 		newWhoAmICmd(),
 		newAccessLogCmd(),
+		newQuotaCmd(),
+		newUsageCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {

@@ -23,7 +23,7 @@ func newSandboxCmd() *cobra.Command {
 		Short:   "Create, list, stop, start and remove sandboxes",
 	}
 	cmd.AddCommand(newSandboxCreateCmd(), newSandboxLsCmd(), newSandboxRmCmd(),
-		newSandboxStopCmd(), newSandboxStartCmd(), newSandboxForkCmd(), newSandboxResetCmd())
+		newSandboxStopCmd(), newSandboxStartCmd(), newSandboxForkCmd(), newSandboxResetCmd(), newSandboxStatsCmd())
 	return cmd
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/secrets"
 	"github.com/cubicle-dev/cubicle/internal/storage"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/internal/telemetry"
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 )
@@ -52,6 +53,8 @@ type serveFlags struct {
 	conns              api.ConnLimits
 	imageMaxBytes      string
 	layerMaxBytes      string
+	metricsListen      string
+	rateLimit          api.RateLimit
 }
 
 // imageLimits parses the image size caps ("" is 0: the store's default).
@@ -76,6 +79,7 @@ func (f serveFlags) imageLimits() (image.Limits, error) {
 func newServeCmd() *cobra.Command {
 	var f serveFlags
 	f.conns = api.DefaultConnLimits()
+	f.rateLimit = api.DefaultRateLimit
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the Cubicle daemon (API, sandbox manager, image store)",
@@ -96,6 +100,9 @@ func newServeCmd() *cobra.Command {
 	fl.DurationVar(&f.conns.IdleTimeout, "http-idle-timeout", f.conns.IdleTimeout, "how long a keep-alive connection may sit between requests")
 	fl.IntVar(&f.conns.MaxConnsPerClient, "max-conns-per-client", f.conns.MaxConnsPerClient,
 		"open connections allowed per client IPv4 address or IPv6 /64 (more get a 503); 0: no cap. Behind a reverse proxy every client shares its address")
+	fl.Float64Var(&f.rateLimit.PerSecond, "rate-limit", f.rateLimit.PerSecond,
+		"requests per second allowed per API key, refilling a bucket of --rate-burst (more get a 429 with Retry-After); 0: no limit")
+	fl.IntVar(&f.rateLimit.Burst, "rate-burst", f.rateLimit.Burst, "requests an API key may send at once before --rate-limit applies")
 	fl.StringVar(&f.dataDir, "data-dir", "/var/lib/cubicle", "directory for state, images and sandbox filesystems")
 	fl.StringVar(&f.publicURL, "public-url", "", "externally reachable base URL (default http://<listen>)")
 	fl.StringVar(&f.runtime, "runtime", "gvisor", "sandbox runtime: gvisor or namespace")
@@ -104,6 +111,8 @@ func newServeCmd() *cobra.Command {
 	fl.StringVar(&f.imageMaxBytes, "image-max-bytes", "", "cap on what one image pull or load unpacks to, e.g. 20GiB (default: half the image store's free space at pull time)")
 	fl.StringVar(&f.layerMaxBytes, "image-layer-max-bytes", "", "cap on one unpacked image layer (default: the image cap)")
 	fl.BoolVar(&f.debug, "debug", false, "log every request")
+	fl.StringVar(&f.metricsListen, "metrics-listen", "",
+		"also serve /metrics here without authentication, for a private scrape network (the API's /metrics needs an admin key)")
 	fl.StringVar(&f.serviceDomain, "service-domain", os.Getenv("CUBICLE_SERVICE_DOMAIN"),
 		"domain for host-form service URLs <name>--<port>.<domain> (wildcard DNS to this daemon); unset: path form only (env CUBICLE_SERVICE_DOMAIN)")
 	fl.StringVar(&f.signingKey, "signing-key", "", "hex key file signing service tokens and download links, created 0600 if missing (default <data-dir>/signing.key)")
@@ -130,16 +139,29 @@ func serve(ctx context.Context, f serveFlags) error {
 	if f.debug {
 		level = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := slog.New(telemetry.LogHandler(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
 	slog.SetDefault(log)
+	tel, err := telemetry.New(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tel.Shutdown(ctx); err != nil {
+			log.Warn("flush traces", "err", err)
+		}
+	}()
 	if err := os.MkdirAll(f.dataDir, 0o700); err != nil {
 		return fmt.Errorf("create data dir: %w", err)
 	}
-	st, err := store.OpenSQLite(ctx, filepath.Join(f.dataDir, "cubicle.db"))
+	dbPath := filepath.Join(f.dataDir, "cubicle.db")
+	st, err := store.OpenSQLite(ctx, dbPath)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	tel.WatchStoreFile(dbPath)
 	if err := bootstrapKey(ctx, st, f.dataDir); err != nil {
 		return err
 	}
@@ -148,7 +170,7 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	images, err := image.NewStore(filepath.Join(f.dataDir, "images"), image.WithInsecureRegistries(f.insecureRegistries),
-		image.WithLogger(log), image.WithLimits(limits))
+		image.WithLogger(log), image.WithLimits(limits), image.WithPullMeter(tel))
 	if err != nil {
 		return err
 	}
@@ -201,13 +223,13 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, idSigner, log)
+	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, idSigner, tel, log)
 	if err != nil {
 		return err
 	}
 	defer egress.Close()
 	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
-		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress})
+		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Observer: tel})
 	if err != nil {
 		return err
 	}
@@ -217,6 +239,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
+	tel.WatchSandboxes(mgr.Census)
 	if inUse, err := mgr.LayersInUse(ctx); err != nil {
 		return err
 	} else if _, err := images.GC(ctx, inUse); err != nil {
@@ -232,8 +255,10 @@ func serve(ctx context.Context, f serveFlags) error {
 	access := accesslog.New(st, log)
 	defer access.Close()
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithJWKS(idSigner), api.WithExecOutputLimit(f.execOutputLimit),
-		api.WithIdentity(identity.New(st, authn, access)), api.WithAccessLog(access))
+		api.WithIdentity(identity.New(st, authn, access)), api.WithAccessLog(access), api.WithTelemetry(tel),
+		api.WithRateLimit(f.rateLimit))
 	handler.EnableRegistries(registries)
+	handler.EnableQuotas(mgr, accesslog.Quotas{Recorder: access})
 	handler.EnableEgress(vault, egress)
 	// No RLIMIT_NOFILE code here: the Go runtime already raises the soft
 	// limit to the hard one (less one) at start and restores the original
@@ -243,8 +268,15 @@ func serve(ctx context.Context, f serveFlags) error {
 	mgr.StartReaper(ctx)
 	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir,
 		"max_conns_per_client", f.conns.MaxConnsPerClient)
-	errc := make(chan error, 1)
+	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(api.LimitListener(ln, f.conns.MaxConnsPerClient, log)) }()
+	if f.metricsListen != "" {
+		msrv, err := serveMetrics(f.metricsListen, tel, f.conns, log, errc)
+		if err != nil {
+			return err
+		}
+		defer msrv.Close()
+	}
 	select {
 	case err := <-errc:
 		return err
@@ -257,6 +289,21 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	return nil
+}
+
+// serveMetrics serves tel's metrics, unauthenticated, at GET /metrics on
+// addr (--metrics-listen); Serve's error goes to errc.
+func serveMetrics(addr string, tel *telemetry.Telemetry, conns api.ConnLimits, log *slog.Logger, errc chan<- error) (*http.Server, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s (--metrics-listen): %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", tel.MetricsHandler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: conns.HeaderTimeout, IdleTimeout: conns.IdleTimeout}
+	log.Info("serving metrics", "listen", ln.Addr().String())
+	go func() { errc <- srv.Serve(ln) }()
+	return srv, nil
 }
 
 func newDriver(f serveFlags) (runtime.Driver, error) {

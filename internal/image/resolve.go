@@ -112,7 +112,19 @@ func (s *Store) checkAccess(ctx context.Context, r name.Reference, auth authn.Au
 	return nil
 }
 
-func (s *Store) pull(ctx context.Context, ws string, r name.Reference, auth authn.Authenticator, progress func(Progress)) (*Image, error) {
+// pull fetches r from its registry into workspace ws, reporting the
+// pull and the layer bytes it transferred to the store's meter.
+func (s *Store) pull(ctx context.Context, ws string, r name.Reference, auth authn.Authenticator, progress func(Progress)) (_ *Image, err error) {
+	var transferred int64
+	defer func() { s.meter.ImagePull(transferred, err) }()
+	progress = func(report func(Progress)) func(Progress) {
+		return func(p Progress) {
+			transferred = p.Complete
+			if report != nil {
+				report(p)
+			}
+		}
+	}(progress)
 	s.log.Info("image: pulling", "ref", r.Name(), "workspace", ws)
 	img, err := remote.Image(r, s.remoteOptions(ctx, r, auth)...)
 	if err != nil {

@@ -129,12 +129,33 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
+// PullMeter counts registry pulls for metrics (internal/telemetry).
+type PullMeter interface {
+	// ImagePull counts one pull that transferred bytes of layer data and
+	// ended with err.
+	ImagePull(bytes int64, err error)
+}
+
+type nopPullMeter struct{}
+
+func (nopPullMeter) ImagePull(int64, error) {}
+
+// WithPullMeter reports every registry pull to m.
+func WithPullMeter(m PullMeter) Option {
+	return func(s *Store) {
+		if m != nil {
+			s.meter = m
+		}
+	}
+}
+
 // Store is a content-addressed image store rooted in one directory. It is
 // safe for concurrent use by many goroutines; it assumes it is the only
 // process writing under its root.
 type Store struct {
 	root     string
 	log      *slog.Logger
+	meter    PullMeter
 	insecure map[string]bool
 
 	limits Limits
@@ -163,6 +184,7 @@ func NewStore(root string, opts ...Option) (*Store, error) {
 	s := &Store{
 		root:     abs,
 		log:      slog.Default(),
+		meter:    nopPullMeter{},
 		insecure: map[string]bool{},
 		pins:     map[string]int{},
 	}

@@ -158,16 +158,18 @@ func (s *Service) handleTLS(sb *sandbox, c *bufConn, od netip.AddrPort) {
 		return
 	}
 	sb.log.add(ev, false)
-	splice(replay, up)
+	toUp, toSandbox := splice(replay, up)
+	s.cfg.Meter.EgressBytes(toUp, toSandbox)
 }
 
 // splice copies both ways until both directions end, half-closing as each
-// side finishes so protocols that rely on EOF work.
-func splice(a, b net.Conn) {
+// side finishes so protocols that rely on EOF work. It returns the bytes
+// copied from a to b and from b to a.
+func splice(a, b net.Conn) (aToB, bToA int64) {
 	var wg sync.WaitGroup
-	cp := func(dst, src net.Conn) {
+	cp := func(dst, src net.Conn, n *int64) {
 		defer wg.Done()
-		_, _ = io.Copy(dst, src)
+		*n, _ = io.Copy(dst, src)
 		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		} else if bc, ok := dst.(*bufConn); ok {
@@ -177,11 +179,12 @@ func splice(a, b net.Conn) {
 		}
 	}
 	wg.Add(2)
-	go cp(a, b)
-	go cp(b, a)
+	go cp(b, a, &aToB)
+	go cp(a, b, &bToA)
 	wg.Wait()
 	a.Close()
 	b.Close()
+	return aToB, bToA
 }
 
 // decide applies pol to a connection for host (may be "") originally sent

@@ -4,24 +4,42 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httputil"
+	"sync/atomic"
 	"time"
 )
 
 // serveHTTP handles one request of a plain HTTP connection or of an
-// intercepted TLS one: it enforces the policy on the request's Host (every
-// request, not just the connection's first), injects rule headers (TLS
-// only), re-signs AWS requests (TLS only) and forwards it over the
-// sandbox's own transport.
+// intercepted TLS one (forward), reporting it to the meter: its span
+// (continuing a traceparent the sandbox sent), status and bytes.
 func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	m := metaFrom(r.Context())
 	if m == nil {
 		http.Error(w, "cubicle egress proxy: not a sandbox connection", http.StatusForbidden)
 		return
 	}
-	sb := m.sb
 	host := normHost(hostOnly(r.Host))
+	ctx, end := s.cfg.Meter.Request(r.Context(), r.Header, m.sb.id, r.Method, host)
+	cw := &countingWriter{ResponseWriter: w, code: http.StatusOK}
+	// The transport may still be reading the body when forward returns
+	// (an upstream that answered early): count it atomically.
+	var up atomic.Int64
+	if r.Body != nil && r.Body != http.NoBody {
+		r.Body = &countingBody{ReadCloser: r.Body, n: &up}
+	}
+	s.forward(cw, r.WithContext(ctx), m, host)
+	end(cw.code)
+	s.cfg.Meter.EgressBytes(up.Load(), cw.n)
+}
+
+// forward enforces the policy on the request's Host (every request, not
+// just the connection's first), injects rule headers (TLS only), re-signs
+// AWS requests (TLS only) and forwards it over the sandbox's own
+// transport.
+func (s *Service) forward(w http.ResponseWriter, r *http.Request, m *connMeta, host string) {
+	sb := m.sb
 	kind, scheme := "http", "http"
 	if m.sni != "" {
 		kind, scheme = "https", "https"
@@ -86,6 +104,40 @@ func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		},
 	}
 	rp.ServeHTTP(w, r)
+}
+
+// countingWriter records the status and counts the response body bytes
+// relayed to the sandbox. Unwrap lets ReverseProxy's ResponseController
+// reach the Flusher and Hijacker.
+type countingWriter struct {
+	http.ResponseWriter
+	code int
+	n    int64
+}
+
+func (c *countingWriter) WriteHeader(code int) {
+	c.code = code
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.ResponseWriter.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }
+
+// countingBody counts the request body bytes relayed upstream.
+type countingBody struct {
+	io.ReadCloser
+	n *atomic.Int64
+}
+
+func (c *countingBody) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
 
 // headerValue resolves a rule header's value. Secrets are read per request

@@ -50,6 +50,7 @@ const maxEvents = 256
 
 // eventLog is a bounded ring of events with counters; safe for concurrent use.
 type eventLog struct {
+	meter                        Meter // set at creation, never changed; nil counts nothing
 	mu                           sync.Mutex
 	allowed, denied, intercepted uint64
 	ring                         []Event
@@ -57,6 +58,9 @@ type eventLog struct {
 }
 
 func (l *eventLog) add(e Event, intercepted bool) {
+	if l.meter != nil {
+		l.meter.Egress(e.Kind, e.Allowed)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if e.Allowed {

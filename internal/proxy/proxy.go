@@ -94,7 +94,30 @@ type Config struct {
 	Identity *jwtkeys.Signer
 	// STSEndpoint overrides where role_arn rules assume their roles.
 	STSEndpoint string
-	Logger      *slog.Logger
+	Logger *slog.Logger
+	// Meter counts decisions and relayed bytes for metrics
+	// (internal/telemetry); nil counts nothing.
+	Meter Meter
+}
+
+// Meter is what the proxy reports to metrics.
+type Meter interface {
+	// Egress counts one decision of Event kind (http, https, tls, dns).
+	Egress(kind string, allowed bool)
+	// EgressBytes counts bytes relayed up (from the sandbox) and down.
+	EgressBytes(up, down int64)
+	// Request starts the span of one HTTP request of sandbox id to host
+	// (continuing a trace its headers carry); end gets its status.
+	Request(ctx context.Context, h http.Header, id, method, host string) (_ context.Context, end func(status int))
+}
+
+// nopMeter is the Meter of a Config without one.
+type nopMeter struct{}
+
+func (nopMeter) Egress(string, bool)      {}
+func (nopMeter) EgressBytes(int64, int64) {}
+func (nopMeter) Request(ctx context.Context, _ http.Header, _, _, _ string) (context.Context, func(int)) {
+	return ctx, func(int) {}
 }
 
 // Service is the running proxy. Safe for concurrent use.
@@ -149,6 +172,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.DNSListen == "" {
 		cfg.DNSListen = "0.0.0.0:0"
+	}
+	if cfg.Meter == nil {
+		cfg.Meter = nopMeter{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -247,7 +273,8 @@ func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.
 	s.mu.Lock()
 	sb := s.byID[id]
 	if sb == nil {
-		sb = &sandbox{id: id, workspace: workspace, ip: ep.SandboxIP, dnsSlots: make(chan struct{}, dnsInflight)}
+		sb = &sandbox{id: id, workspace: workspace, ip: ep.SandboxIP, dnsSlots: make(chan struct{}, dnsInflight),
+			log: eventLog{meter: s.cfg.Meter}, dns: eventLog{meter: s.cfg.Meter}}
 		sb.transport = s.newTransport(sb)
 		s.byID[id] = sb
 	}

@@ -54,7 +54,7 @@ type instance struct {
 	ep       *network.Endpoint
 	client   *agent.Client
 	restored bool
-	timings  []any // slog attributes of the boot's phases
+	phases   []phase
 }
 
 // boot brings sb from provisioning or stopped to ready. On failure it tears
@@ -63,8 +63,14 @@ type instance struct {
 // ctx (the boot timeout, the client) has ended. Callers hold sb's lock.
 func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot) (err error) {
 	first := statusOf(sb) == Provisioning
+	op := OpStart
+	if first {
+		op = OpCreate
+	}
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.Limits.BootTimeout)
 	defer cancel()
+	ctx, end := m.cfg.Observer.Begin(ctx, op, sb.ID)
+	defer func() { end(err) }()
 	start := time.Now()
 	var undo cleanup.Stack
 	defer func() {
@@ -106,8 +112,8 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		return err
 	}
 	undo.Release()
-	m.log.Info("sandbox ready", append([]any{"sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(),
-		"restored", inst.restored, "boot", time.Since(start)}, inst.timings...)...)
+	m.log.InfoContext(ctx, "sandbox ready", append([]any{"sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(),
+		"restored", inst.restored, "boot", time.Since(start)}, m.observePhases(ctx, op, inst.phases)...)...)
 	return nil
 }
 
@@ -168,9 +174,9 @@ func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Sn
 	}
 	undo.Push(func(context.Context) error { client.Close(); return nil })
 	tAgent := time.Now()
-	return &instance{rootfs: rootfs, ep: ep, client: client, restored: restore, timings: []any{
-		"rootfs", tMount.Sub(t0), "network", tNetwork.Sub(tMount), "egress", tEgress.Sub(tNetwork),
-		"driver", tDriver.Sub(tEgress), "agent", tAgent.Sub(tDriver)}}, nil
+	return &instance{rootfs: rootfs, ep: ep, client: client, restored: restore, phases: []phase{
+		{PhaseRootFS, t0, tMount}, {PhaseNetwork, tMount, tNetwork}, {PhaseEgress, tNetwork, tEgress},
+		{PhaseDriver, tEgress, tDriver}, {PhaseAgent, tDriver, tAgent}}}, nil
 }
 
 // bind hands prepared instance inst out as sb's: its filesystem limit

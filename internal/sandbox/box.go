@@ -17,7 +17,9 @@ import (
 // up when its client goes. Manager.mu guards the boxes map and the fields
 // below; it is a leaf, held only for field updates, never across I/O or
 // while waiting for a box.lock. Readers of the fields (instance, touch,
-// acquire) take only Manager.mu, so they never wait on a boot.
+// acquire) take only Manager.mu, so they never wait on a boot. A
+// workspace's quota lock (quota.go) comes between the two: box.lock, then
+// the quota lock, then Manager.mu.
 type box struct {
 	lock *keyed.Mutex
 

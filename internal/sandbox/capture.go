@@ -43,7 +43,10 @@ func (m *Manager) CaptureSnapshot(ctx context.Context, name string, req protocol
 		return nil, err
 	}
 	defer unlock()
-	return m.capture(ctx, p.WorkspaceID, p.User, sb, req)
+	ctx, end := m.cfg.Observer.Begin(ctx, OpCapture, sb.ID)
+	v, err := m.capture(ctx, p.WorkspaceID, p.User, sb, req)
+	end(err)
+	return v, err
 }
 
 func validateCaptureRequest(req protocol.CaptureSnapshotRequest, lim LimitPolicy) error {
@@ -85,6 +88,11 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 		FSCapacityBytes: or(req.FSCapacityBytes, sb.FSCapacityBytes), SourceSandboxID: sb.ID, ProxyConfig: sb.ProxyConfig,
 		RunConfig: parent.RunConfig.Layer(sb.RunConfig).Layer(req.RunConfig), CreatedAt: now, UpdatedAt: now,
 	}
+	release, err := m.quota.reserve(ctx, workspaceID, snapshotClaim)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	var undo cleanup.Stack
 	defer undo.Run(ctx)
 	start := time.Now()

@@ -29,9 +29,11 @@ type ForkResult struct {
 // With req.IncludeMemory the capture includes memory and every branch is
 // restored from it instead (see memsnap.go): it resumes the parent's
 // processes, keeping their hostname and machine-id.
+// Quotas are all-or-nothing: the branches are recorded together or, if
+// count of them would exceed a quota, none is (nor is the capture kept).
 // It returns when every branch is ready; branches that failed to boot are
 // deleted and reported in the error, the others are kept and returned.
-func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkRequest) (*ForkResult, error) {
+func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkRequest) (_ *ForkResult, err error) {
 	if req.Count < 1 || req.Count > MaxForkCount {
 		return nil, errdefs.Field("count", "must be between 1 and %d", MaxForkCount)
 	}
@@ -47,9 +49,18 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 	if err != nil {
 		return nil, err
 	}
+	ctx, end := m.cfg.Observer.Begin(ctx, OpFork, parent.ID)
+	defer func() { end(err) }()
 	// Branches inherit the parent's egress policy through the capture;
 	// check the caller may hold it before capturing anything.
 	if err := m.validateEgress(ctx, parent.ProxyConfig); err != nil {
+		return nil, err
+	}
+	// A first check before the capture, so a fork that cannot fit does
+	// no work; the branches are admitted for real once recorded below.
+	branch := newSandboxClaim(parent)
+	all := addUsage(scaleUsage(branch, int64(req.Count)), snapshotClaim)
+	if err := m.quota.admit(ctx, parent.WorkspaceID, all, func() error { return nil }); err != nil {
 		return nil, err
 	}
 	snapName := req.SnapshotName
@@ -68,9 +79,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		timeout = *req.Timeout
 	}
 	wait := true
-	out := &ForkResult{Snapshot: v.Snapshot, Sandboxes: make([]*store.Sandbox, req.Count)}
-	errs := make([]error, req.Count)
-	var wg sync.WaitGroup
+	reqs := make([]protocol.CreateSandboxRequest, req.Count)
 	for i := range req.Count {
 		bname := parent.Name + "-" + randomHex(3)
 		if len(bname) > 63 {
@@ -82,16 +91,28 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		// Every policy of the parent carries over: limits and TTLs here,
 		// its run_config layer, and its proxy_config (egress and rules)
 		// inherited from the capture (v.ProxyConfig).
-		creq := protocol.CreateSandboxRequest{
+		reqs[i] = protocol.CreateSandboxRequest{
 			WaitForReady: &wait, Timeout: &timeout, SnapshotID: v.ID, Name: bname,
 			IdleTTLSeconds: &parent.IdleTTLSeconds, DeleteAfterStopSeconds: &parent.DeleteAfterStopSeconds,
 			VCPUs: &parent.VCPUs, MemBytes: &parent.MemBytes, FSCapacityBytes: &parent.FSCapacityBytes,
 			RunConfig: parent.RunConfig,
 		}
+	}
+	sbs, sn, err := m.recordBranches(ctx, reqs)
+	if err != nil {
+		if derr := m.DeleteSnapshot(context.WithoutCancel(ctx), v.ID); derr != nil {
+			m.log.Error("delete capture of a refused fork", "snapshot", v.ID, "err", derr)
+		}
+		return nil, fmt.Errorf("fork %s: %w", name, err)
+	}
+	out := &ForkResult{Snapshot: v.Snapshot, Sandboxes: make([]*store.Sandbox, req.Count)}
+	errs := make([]error, req.Count)
+	var wg sync.WaitGroup
+	for i := range req.Count {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := m.CreateSandbox(ctx, creq)
+			sb, err := m.bootNew(ctx, sbs[i], sn, reqs[i])
 			if err != nil && sb != nil {
 				if derr := m.DeleteSandbox(context.WithoutCancel(ctx), sb.Name); derr != nil {
 					m.log.Error("delete failed branch", "sandbox", sb.ID, "err", derr)
@@ -113,6 +134,39 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		return out, fmt.Errorf("fork %s: %d of %d branches failed: %w", name, req.Count-len(kept), req.Count, err)
 	}
 	return out, nil
+}
+
+// recordBranches records a provisioning sandbox for each of reqs (which
+// name the same snapshot, returned) as one claim on the workspace's
+// quotas: all of them, or none when they would not fit or one fails.
+func (m *Manager) recordBranches(ctx context.Context, reqs []protocol.CreateSandboxRequest) ([]*store.Sandbox, *store.Snapshot, error) {
+	sbs := make([]*store.Sandbox, len(reqs))
+	var sn *store.Snapshot
+	var claim store.Usage
+	for i, r := range reqs {
+		sb, s, err := m.newSandbox(ctx, r)
+		if err != nil {
+			return nil, nil, err
+		}
+		sbs[i], sn, claim = sb, s, addUsage(claim, newSandboxClaim(sb))
+	}
+	err := m.quota.admit(ctx, sbs[0].WorkspaceID, claim, func() error {
+		for i, sb := range sbs {
+			if err := m.cfg.Store.CreateSandbox(ctx, sb); err != nil {
+				for _, done := range sbs[:i] {
+					if derr := m.cfg.Store.DeleteSandbox(context.WithoutCancel(ctx), done.ID); derr != nil {
+						m.log.Error("undo branch record", "sandbox", done.ID, "err", derr)
+					}
+				}
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return sbs, sn, nil
 }
 
 // ResetSandbox discards everything sandbox name wrote and restarts it over
@@ -141,6 +195,12 @@ func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*s
 			return nil, err
 		}
 	}
+	// Stopped now, it starts again within the running quotas.
+	release, err := m.quota.reserve(ctx, sb.WorkspaceID, runClaim(sb))
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	rid := runtimeID(sb.ID)
 	if err := m.cfg.Storage.Reset(ctx, rid); err != nil {
 		return nil, err

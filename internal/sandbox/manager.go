@@ -11,7 +11,10 @@
 // leaves nothing behind. The seams it calls are declared in deps.go
 // (Storage, Network), runtime.Driver and Egress; sandboxtest fakes them
 // all, so the package's tests run without root. The manager knows nothing
-// of HTTP; internal/api translates its typed errors.
+// of HTTP; internal/api translates its typed errors. Nor does it know
+// metrics or tracing: timed operations and boot phases go to the Observer
+// of observe.go, and resource use (stats.go) comes from the driver's
+// runtime.Meter, the network's counters and the storage's usage.
 package sandbox
 
 import (
@@ -77,6 +80,9 @@ type Config struct {
 	// delete_after_stop_seconds must be a multiple of: 60 s, as the protocol
 	// says. Tests lower it (e.g. to 1 s) to exercise TTLs quickly.
 	TTLGranularity time.Duration
+	// Observer sees create, start, stop, capture and fork with their
+	// phases (observe.go); nil observes nothing.
+	Observer Observer
 }
 
 // LimitPolicy holds defaults and maxima for sandbox resources.
@@ -106,6 +112,9 @@ var DefaultLimits = LimitPolicy{
 type Manager struct {
 	cfg Config
 	log *slog.Logger
+
+	// quota checks and records claims on workspace quotas (quota.go).
+	quota *quotaGate
 
 	// mu guards boxes and every box's fields (lock order: box.go).
 	mu     sync.Mutex
@@ -138,6 +147,9 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.TTLGranularity <= 0 {
 		cfg.TTLGranularity = time.Minute
 	}
+	if cfg.Observer == nil {
+		cfg.Observer = nopObserver{}
+	}
 	if cfg.AgentPort == 0 {
 		cfg.AgentPort = agent.Port
 	}
@@ -149,6 +161,7 @@ func New(cfg Config) (*Manager, error) {
 	return &Manager{
 		cfg:    cfg,
 		log:    cfg.Logger,
+		quota:  newQuotaGate(cfg.Store),
 		boxes:  map[string]*box{},
 		builds: map[string]*buildProgress{},
 		life:   life, endLife: end,

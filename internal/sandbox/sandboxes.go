@@ -16,28 +16,44 @@ import (
 	"github.com/google/uuid"
 )
 
-// CreateSandbox validates req, records a provisioning sandbox and boots it.
+// CreateSandbox validates req, records a provisioning sandbox (within the
+// workspace's quotas) and boots it.
 // A sandbox created from a captured snapshot without a proxy_config of its
 // own inherits the snapshot's (its source's egress policy).
 // With wait, it blocks until the sandbox is ready, failed, or timeout passes
 // (then it returns the provisioning record and an error wrapping
 // errdefs.ErrTimeout; the boot goes on in the background).
 func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxRequest) (*store.Sandbox, error) {
-	p, err := principalOf(ctx)
+	sb, sn, err := m.newSandbox(ctx, req)
 	if err != nil {
 		return nil, err
+	}
+	if err := m.quota.admit(ctx, sb.WorkspaceID, newSandboxClaim(sb), func() error {
+		return m.cfg.Store.CreateSandbox(ctx, sb)
+	}); err != nil {
+		return nil, err
+	}
+	return m.bootNew(ctx, sb, sn, req)
+}
+
+// newSandbox validates req and returns the provisioning record it would
+// create, not yet stored, and the snapshot it boots from.
+func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequest) (*store.Sandbox, *store.Snapshot, error) {
+	p, err := principalOf(ctx)
+	if err != nil {
+		return nil, nil, err
 	}
 	lim := m.cfg.Limits
 	if err := validateSandboxRequest(req, lim, m.ttlUnit()); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	proxyConfig := proxyConfigOf(req.ProxyConfig, sn)
 	if err := m.validateEgress(ctx, proxyConfig); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
@@ -53,9 +69,12 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 	if sb.Name == "" {
 		sb.Name = "sandbox-" + randomHex(4)
 	}
-	if err := m.cfg.Store.CreateSandbox(ctx, sb); err != nil {
-		return nil, err
-	}
+	return sb, sn, nil
+}
+
+// bootNew boots recorded sandbox sb from sn in the background and, as
+// req asks, waits for it (see CreateSandbox).
+func (m *Manager) bootNew(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot, req protocol.CreateSandboxRequest) (*store.Sandbox, error) {
 	done := make(chan error, 1)
 	m.goBG(func() {
 		bctx := context.WithoutCancel(ctx) // the boot outlives a create that does not wait
@@ -178,7 +197,9 @@ func (m *Manager) StopSandbox(ctx context.Context, name string) (*store.Sandbox,
 
 // halt stops sb's processes and network, unmounts its rootfs and records it
 // stopped with msg as its status message. Callers hold sb's lock.
-func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) error {
+func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) (err error) {
+	ctx, end := m.cfg.Observer.Begin(ctx, OpStop, sb.ID)
+	defer func() { end(err) }()
 	rid := runtimeID(sb.ID)
 	m.setAgent(sb.ID, nil)
 	if err := m.cfg.Driver.Stop(ctx, rid); err != nil {
@@ -227,10 +248,16 @@ func (m *Manager) wake(ctx context.Context, id string, explicit bool) error {
 	if err := requireStatus(sb, o); err != nil {
 		return err
 	}
-	switch statusOf(sb) {
-	case Ready, Provisioning:
+	if s := statusOf(sb); s == Ready || s == Provisioning {
 		return nil
-	case Failed:
+	}
+	// Over the workspace's running quotas, it stays as it is.
+	release, err := m.quota.reserve(ctx, sb.WorkspaceID, runClaim(sb))
+	if err != nil {
+		return err
+	}
+	defer release()
+	if statusOf(sb) == Failed {
 		// Its first boot failed: boot it again as a first boot.
 		if err := m.transition(ctx, sb, Provisioning, ""); err != nil {
 			return err

@@ -61,7 +61,9 @@ func (m *Manager) CreateSnapshot(ctx context.Context, req protocol.CreateSnapsho
 	if req.RunConfig != nil {
 		sn.RunConfig = *req.RunConfig
 	}
-	if err := m.cfg.Store.CreateSnapshot(ctx, sn); err != nil {
+	if err := m.quota.admit(ctx, sn.WorkspaceID, snapshotClaim, func() error {
+		return m.cfg.Store.CreateSnapshot(ctx, sn)
+	}); err != nil {
 		return nil, err
 	}
 	m.startBuild(ctx, sn, req.RunConfig)

@@ -18,8 +18,11 @@ var ErrInvalidRequest = errors.New("invalid request")
 
 // UpdateSandbox applies a PATCH (spec B4): rename (a clash is ErrConflict),
 // TTLs, the sandbox's own run_config layer (replaced, it applies to the
-// next command) and proxy_config (stored as sent; only while ready). A
-// request that sets nothing returns the sandbox unchanged, like GET.
+// next command), proxy_config (stored as sent; only while ready) and a
+// resize within the workspace's quotas (vcpus and mem_bytes apply from
+// the next start, as the runtime cannot change a running instance's;
+// fs_capacity_bytes at once). A request that sets nothing returns the
+// sandbox unchanged, like GET.
 func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.UpdateSandboxRequest) (*store.Sandbox, error) {
 	sb, err := m.visible(ctx, name)
 	if err != nil {
@@ -28,7 +31,7 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	if req.Empty() {
 		return sb, nil
 	}
-	if err := validateUpdateRequest(req, m.ttlUnit()); err != nil {
+	if err := validateUpdateRequest(req, m.cfg.Limits, m.ttlUnit()); err != nil {
 		return nil, err
 	}
 	sb, unlock, err := m.lockID(ctx, sb.ID)
@@ -36,6 +39,14 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 		return nil, err
 	}
 	defer unlock()
+	if req.Resizes() {
+		// Held until the record is written, which makes the claim visible.
+		release, err := m.quota.reserve(ctx, sb.WorkspaceID, resizeClaim(sb, req))
+		if err != nil {
+			return nil, err
+		}
+		defer release()
+	}
 	proxy := bytes.TrimSpace(req.ProxyConfig)
 	if len(proxy) > 0 && string(proxy) != "null" {
 		if err := requireStatus(sb, opProxy); err != nil {
@@ -59,9 +70,13 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 		rc := *req.RunConfig
 		sb.RunConfig = &rc
 	}
+	sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes = or(req.VCPUs, sb.VCPUs), or(req.MemBytes, sb.MemBytes), or(req.FSCapacityBytes, sb.FSCapacityBytes)
 	sb.UpdatedAt = time.Now().UTC()
 	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
 		return nil, err
+	}
+	if req.FSCapacityBytes != nil && statusOf(sb) == Ready {
+		m.limitFS(ctx, sb.ID, sb.FSCapacityBytes)
 	}
 	return sb, nil
 }

@@ -95,21 +95,8 @@ func validateSandboxRequest(req protocol.CreateSandboxRequest, lim LimitPolicy, 
 	if req.Timeout != nil && (*req.Timeout < 0 || *req.Timeout > 3600) {
 		return errdefs.Field("timeout", "must be between 0 and 3600 seconds")
 	}
-	for _, c := range []struct {
-		field string
-		v     *int64
-		max   int64
-	}{
-		{"vcpus", req.VCPUs, lim.MaxVCPUs},
-		{"mem_bytes", req.MemBytes, lim.MaxMemBytes},
-		{"fs_capacity_bytes", req.FSCapacityBytes, lim.MaxFSBytes},
-	} {
-		if err := validateSize(c.field, c.v, c.max); err != nil {
-			return err
-		}
-	}
-	if req.MemBytes != nil && *req.MemBytes < 16<<20 {
-		return errdefs.Field("mem_bytes", "must be at least 16 MiB")
+	if err := validateResources(req.VCPUs, req.MemBytes, req.FSCapacityBytes, lim); err != nil {
+		return err
 	}
 	if err := validateTTL("idle_ttl_seconds", req.IdleTTLSeconds, ttlUnit); err != nil {
 		return err
@@ -120,9 +107,34 @@ func validateSandboxRequest(req protocol.CreateSandboxRequest, lim LimitPolicy, 
 	return validateRunConfig("run_config", req.RunConfig)
 }
 
+// validateResources checks the resources a create or resize asks for
+// (nil: unchanged or the default) against the policy's maxima.
+func validateResources(vcpus, memBytes, fsBytes *int64, lim LimitPolicy) error {
+	for _, c := range []struct {
+		field string
+		v     *int64
+		max   int64
+	}{
+		{"vcpus", vcpus, lim.MaxVCPUs},
+		{"mem_bytes", memBytes, lim.MaxMemBytes},
+		{"fs_capacity_bytes", fsBytes, lim.MaxFSBytes},
+	} {
+		if err := validateSize(c.field, c.v, c.max); err != nil {
+			return err
+		}
+	}
+	if memBytes != nil && *memBytes < 16<<20 {
+		return errdefs.Field("mem_bytes", "must be at least 16 MiB")
+	}
+	return nil
+}
+
 // validateUpdateRequest checks a PATCH body's fields (not the sandbox's
 // state, which the manager checks under the sandbox's lock).
-func validateUpdateRequest(req protocol.UpdateSandboxRequest, ttlUnit int64) error {
+func validateUpdateRequest(req protocol.UpdateSandboxRequest, lim LimitPolicy, ttlUnit int64) error {
+	if err := validateResources(req.VCPUs, req.MemBytes, req.FSCapacityBytes, lim); err != nil {
+		return err
+	}
 	if req.Name != nil {
 		if err := store.ValidateName("name", *req.Name); err != nil {
 			return err

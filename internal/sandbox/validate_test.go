@@ -59,11 +59,18 @@ func TestValidateUpdateRequest(t *testing.T) {
 		{protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage(`{"rules":[1]}`)}, "proxy_config.rules"},
 		{protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage(`{"rules":{}}`)}, "proxy_config"},
 		{protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage(`{"access_control":{"allow_list":[],"deny_list":[]}}`)}, "proxy_config.access_control"},
+		{protocol.UpdateSandboxRequest{VCPUs: i64(DefaultLimits.MaxVCPUs + 1)}, "vcpus"},
+		{protocol.UpdateSandboxRequest{MemBytes: i64(1 << 20)}, "mem_bytes"},
+		{protocol.UpdateSandboxRequest{FSCapacityBytes: i64(0)}, "fs_capacity_bytes"},
+		{protocol.UpdateSandboxRequest{VCPUs: i64(4), MemBytes: i64(2 << 30)}, ""},
 	} {
-		err := validateUpdateRequest(c.req, 60)
+		err := validateUpdateRequest(c.req, DefaultLimits, 60)
 		if got := fieldOf(err); got != c.field || (c.field == "" && err != nil) {
 			t.Errorf("%+v: error %v (field %q), want field %q", c.req, err, got, c.field)
 		}
+	}
+	if (protocol.UpdateSandboxRequest{VCPUs: i64(1)}).Empty() {
+		t.Error("a resize alone is not an empty update")
 	}
 	if !(protocol.UpdateSandboxRequest{ProxyConfig: json.RawMessage("null")}).Empty() {
 		t.Error("a null proxy_config alone should be an empty update")
@@ -80,7 +87,7 @@ func TestNamesNeverParseAsUUIDs(t *testing.T) {
 		if err := validateSandboxRequest(protocol.CreateSandboxRequest{Name: name}, LimitPolicy{}, 1); fieldOf(err) != "name" {
 			t.Errorf("create %q: %v", name, err)
 		}
-		if err := validateUpdateRequest(protocol.UpdateSandboxRequest{Name: &name}, 1); fieldOf(err) != "name" {
+		if err := validateUpdateRequest(protocol.UpdateSandboxRequest{Name: &name}, DefaultLimits, 1); fieldOf(err) != "name" {
 			t.Errorf("rename to %q: %v", name, err)
 		}
 		if err := validateSnapshotRequest(protocol.CreateSnapshotRequest{Name: name, DockerImage: "x", FSCapacityBytes: 1}, LimitPolicy{MaxFSBytes: 2}); fieldOf(err) != "name" {

@@ -171,7 +171,7 @@ func (s *SQLite) DeleteWorkspace(ctx context.Context, id string) error {
 		case admins > 0:
 			return fmt.Errorf("workspace %s holds the instance admin key: %w", id, errdefs.ErrConflict)
 		}
-		for _, table := range []string{"api_keys", "users", "registries"} {
+		for _, table := range []string{"api_keys", "users", "registries", "quotas"} {
 			if _, err := tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE workspace_id=?`, id); err != nil {
 				return fmt.Errorf("delete %s of workspace %s: %w", table, id, err)
 			}

@@ -113,8 +113,12 @@ func TestKeysUsersWorkspaces(t *testing.T) {
 	if k, _ := st.APIKeyByHash(ctx, "h1"); k.RevokedAt == nil || !k.RevokedAt.Equal(now) {
 		t.Fatalf("revoked key: %+v (want first revocation time kept)", k)
 	}
+	five := int64(5)
+	if err := st.PutQuota(ctx, "w1", Quota{MaxSandboxes: &five}); err != nil {
+		t.Fatal(err)
+	}
 	if err := st.DeleteWorkspace(ctx, "w1"); err != nil {
-		t.Fatalf("delete empty workspace (users and keys go with it): %v", err)
+		t.Fatalf("delete empty workspace (users, keys and quotas go with it): %v", err)
 	}
 	if _, err := st.GetWorkspace(ctx, "w1"); !errdefs.IsNotFound(err) {
 		t.Fatalf("deleted workspace: %v", err)

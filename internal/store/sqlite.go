@@ -149,6 +149,16 @@ var migrations = []string{
 		request_id TEXT NOT NULL
 	);
 	CREATE INDEX access_audit_ws ON access_audit(workspace_id, seq);`,
+	// 7: per-workspace quotas (NULL: unlimited).
+	`CREATE TABLE IF NOT EXISTS quotas (
+		workspace_id TEXT PRIMARY KEY REFERENCES workspaces(id),
+		max_sandboxes INTEGER,
+		max_vcpus INTEGER,
+		max_mem_bytes INTEGER,
+		max_storage_bytes INTEGER,
+		max_snapshots INTEGER
+	);
+	CREATE INDEX IF NOT EXISTS sandboxes_ws_status ON sandboxes(workspace_id, status);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -492,9 +502,9 @@ func (s *SQLite) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 // before some activity cannot roll it back).
 func (s *SQLite) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET name=?, status=?, status_message=?, idle_ttl_seconds=?,
-		delete_after_stop_seconds=?, run_config=?, updated_at=?, stopped_at=?, proxy_config=? WHERE id=?`,
+		delete_after_stop_seconds=?, run_config=?, updated_at=?, stopped_at=?, proxy_config=?, vcpus=?, mem_bytes=?, fs_capacity_bytes=? WHERE id=?`,
 		sb.Name, sb.Status, sb.StatusMessage, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds, nullRunConfig(sb.RunConfig),
-		fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt), nullJSON(sb.ProxyConfig), sb.ID)
+		fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt), nullJSON(sb.ProxyConfig), sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes, sb.ID)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
 	}

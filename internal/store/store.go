@@ -266,5 +266,13 @@ type Store interface {
 	ListRegistries(ctx context.Context, workspaceID string, o ListOptions) ([]*Registry, error)
 	DeleteRegistry(ctx context.Context, workspaceID, id string) error
 
+	// GetQuota returns workspaceID's quotas (all nil, unlimited, when none
+	// were set); an unknown workspace is ErrNotFound.
+	GetQuota(ctx context.Context, workspaceID string) (Quota, error)
+	// PutQuota replaces workspaceID's quotas.
+	PutQuota(ctx context.Context, workspaceID string, q Quota) error
+	// WorkspaceUsage measures what workspaceID holds against its quotas.
+	WorkspaceUsage(ctx context.Context, workspaceID string) (Usage, error)
+
 	Close() error
 }

@@ -99,7 +99,9 @@ func accept(ctx context.Context, sess *yamux.Session, cfg Config, wg *sync.WaitG
 	for {
 		st, err := sess.AcceptStream()
 		if err != nil {
-			if errors.Is(err, yamux.ErrSessionShutdown) || errors.Is(err, io.EOF) {
+			// The session's end by either side, or by ctx (whose
+			// WebSocket then fails its writes first), is a normal end.
+			if ctx.Err() != nil || errors.Is(err, yamux.ErrSessionShutdown) || errors.Is(err, io.EOF) {
 				return nil
 			}
 			return fmt.Errorf("tunnel: accept stream: %w", err)

@@ -13,13 +13,15 @@ import (
 )
 
 // TestConformance runs test/conformance/conformance.mjs, the protocol
-// conformance suite, with the unmodified official client against a gvisor
-// daemon: once with `ws` installed (WebSocket exec, streaming, PTY,
-// reconnects) and once without (HTTP POST /execute; WS-only methods must
-// throw the client's "requires the 'ws' package" error).
+// conformance suite, with the unmodified official client (each of
+// clientVersions) against a gvisor daemon: once with `ws` installed
+// (WebSocket exec, streaming, PTY, reconnects) and once without (HTTP POST
+// /execute; WS-only methods must throw the client's "requires the 'ws'
+// package" error).
 //
 // The idle-TTL and delete-after-stop checks wait for the protocol's 60 s
-// unit; they run only in the websocket pass and not with -short. Set
+// unit; they run only in the first version's websocket pass and not with
+// -short. Set
 // CONFORMANCE_ONLY=<regexp> to run a subset of the checks.
 func TestConformance(t *testing.T) {
 	ref := testImage(t)
@@ -28,17 +30,22 @@ func TestConformance(t *testing.T) {
 	t.Setenv("CUBICLE_REAP_INTERVAL", "2s")
 	d := startDaemon(t, "gvisor", "")
 	script := filepath.Join(repoRoot(t), "test", "conformance", "conformance.mjs")
-	for _, tc := range []struct {
-		name string
-		ws   bool
-		path string
-		slow bool
-	}{
-		{"websocket", true, "exec-path=websocket", !testing.Short()},
-		{"http", false, "exec-path=http", false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			dir := npmDir(t, tc.ws)
+	type pass struct {
+		name, version string
+		ws            bool
+		path          string
+		slow          bool
+	}
+	var passes []pass
+	for i, v := range clientVersions {
+		// The TTL checks time the server, not the client: once is enough.
+		passes = append(passes,
+			pass{"websocket", v, true, "exec-path=websocket", !testing.Short() && i == 0},
+			pass{"http", v, false, "exec-path=http", false})
+	}
+	for _, tc := range passes {
+		t.Run(tc.version+"/"+tc.name, func(t *testing.T) {
+			dir := npmDirVersion(t, tc.version, tc.ws)
 			data, err := os.ReadFile(script)
 			if err != nil {
 				t.Fatal(err)

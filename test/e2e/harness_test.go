@@ -71,6 +71,8 @@ type daemon struct {
 	// bin, when set, is the cubicle binary to run instead of bin/cubicle
 	// (a baseline build to compare against; see baseline_bench_test.go).
 	bin string
+	// extraEnv is added to the daemon's environment (see startDaemonEnv).
+	extraEnv []string
 }
 
 type syncBuffer struct {
@@ -108,16 +110,28 @@ func startDaemon(t testing.TB, runtime, dataDir string) *daemon {
 
 // startDaemonArgs is startDaemon with extra `cubicle serve` flags.
 func startDaemonArgs(t testing.TB, runtime, dataDir string, extra ...string) *daemon {
-	return startDaemonBin(t, "", runtime, dataDir, extra...)
+	return startDaemonEnv(t, runtime, dataDir, nil, extra...)
+}
+
+// startDaemonEnv is startDaemonArgs with extra environment variables
+// (NAME=value) for the daemon.
+func startDaemonEnv(t testing.TB, runtime, dataDir string, env []string, extra ...string) *daemon {
+	return newDaemon(t, "", runtime, dataDir, env, extra)
 }
 
 // startDaemonBin is startDaemonArgs running binary bin ("" for
 // bin/cubicle).
 func startDaemonBin(t testing.TB, bin, runtime, dataDir string, extra ...string) *daemon {
+	return newDaemon(t, bin, runtime, dataDir, nil, extra)
+}
+
+// newDaemon starts binary bin ("" for bin/cubicle) as `cubicle serve`
+// with env added to its environment and extra flags.
+func newDaemon(t testing.TB, bin, runtime, dataDir string, env, extra []string) *daemon {
 	if dataDir == "" {
 		dataDir = t.TempDir()
 	}
-	d := &daemon{t: t, runtime: runtime, dataDir: dataDir, listen: freePort(t), extraArgs: extra, bin: bin}
+	d := &daemon{t: t, runtime: runtime, dataDir: dataDir, listen: freePort(t), extraArgs: extra, extraEnv: env, bin: bin}
 	d.start()
 	t.Cleanup(d.shutdown)
 	return d
@@ -155,7 +169,7 @@ func (d *daemon) start() {
 	d.logs = &syncBuffer{}
 	args := []string{"serve", "--listen", d.listen, "--data-dir", d.dataDir, "--runtime", d.runtime, "--runsc", runsc}
 	d.cmd = exec.Command(bin, append(args, d.extraArgs...)...)
-	d.cmd.Env = append(os.Environ(), "CUBICLE_BOOTSTRAP_API_KEY="+testKey)
+	d.cmd.Env = append(append(os.Environ(), "CUBICLE_BOOTSTRAP_API_KEY="+testKey), d.extraEnv...)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {

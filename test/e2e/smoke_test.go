@@ -10,13 +10,24 @@ import (
 	"time"
 )
 
-// npmDir returns a directory with the official `langsmith` client installed
-// (and `ws` too when withWS), cached under .cache/ between runs.
-func npmDir(t *testing.T, withWS bool) string {
+// clientVersions are the official npm client's versions every
+// conformance run covers: the one the protocol notes describe and the
+// newest.
+var clientVersions = []string{"0.10", "0.12"}
+
+// npmDir returns a directory with the official `langsmith` client 0.10
+// installed (and `ws` too when withWS), cached under .cache/ between runs.
+func npmDir(t *testing.T, withWS bool) string { return npmDirVersion(t, "0.10", withWS) }
+
+// npmDirVersion is npmDir for client version v.
+func npmDirVersion(t *testing.T, v string, withWS bool) string {
 	name := "npm-nows"
-	pkgs := []string{"langsmith@0.10"}
+	pkgs := []string{"langsmith@" + v}
 	if withWS {
 		name, pkgs = "npm-ws", append(pkgs, "ws@8")
+	}
+	if v != "0.10" {
+		name += "-" + v // 0.10 keeps its old cache directory
 	}
 	dir := filepath.Join(repoRoot(t), ".cache", name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
 
 // Run runs the suite. newDriver is called once per subtest; calling it again
@@ -88,6 +89,22 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 		testForkBomb(t, env, newDriver(t), runtime.Limits{MemBytes: 256 << 20, PidsMax: 4096})
 	})
 	t.Run("TmpfsFillIsContained", func(t *testing.T) { testTmpfsFill(t, env, newDriver(t)) })
+	// A sandbox sees as many CPUs as it has vCPUs (where the host has
+	// more), so `make -j$(nproc)` and thread pools size to what it got.
+	t.Run("NprocIsVCPUs", func(t *testing.T) {
+		allowed, err := runtime.AllowedCPUs()
+		if err != nil || len(allowed) < 2 {
+			testenv.Skip(t, "needs a host with 2 or more CPUs (%v, %v)", allowed, err)
+		}
+		s := env.Start(t, newDriver(t), runtime.Limits{MilliCPUs: 1000}, nil)
+		if out := strings.TrimSpace(s.MustExec(t, "nproc")); out != "1" {
+			t.Fatalf("nproc in a 1-vCPU sandbox on a %d-CPU host: %q", len(allowed), out)
+		}
+		all := env.Start(t, newDriver(t), runtime.Limits{MilliCPUs: int64(len(allowed)) * 1000}, nil)
+		if out := strings.TrimSpace(all.MustExec(t, "nproc")); out != strconv.Itoa(len(allowed)) {
+			t.Fatalf("nproc with every CPU: %q, want %d", out, len(allowed))
+		}
+	})
 	t.Run("TokenHiddenInside", func(t *testing.T) { testTokenHidden(t, env, newDriver(t)) })
 	t.Run("StopKillsEverything", func(t *testing.T) {
 		d := newDriver(t)

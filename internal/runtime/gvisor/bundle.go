@@ -88,7 +88,7 @@ func ociSpec(spec runtime.Spec, saved *savedSpec) *specs.Spec {
 		Mounts:   append(mounts(spec.AgentBinary), tmpfs...),
 		Linux: &specs.Linux{
 			CgroupsPath: "/cubicle/" + spec.ID,
-			Resources:   resources(spec.Limits),
+			Resources:   resources(spec.ID, spec.Limits),
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
 				{Type: specs.IPCNamespace},
@@ -186,7 +186,11 @@ func rlimits(l runtime.Limits) []specs.POSIXRlimit {
 // resources turns Limits into OCI cgroup resources; zero fields stay unset.
 // Memory is the sandbox's own limit, which runsc reports as MemTotal inside;
 // Start then raises the host cgroup to hostMemLimit.
-func resources(l runtime.Limits) *specs.LinuxResources {
+//
+// A sandbox with fewer vCPUs than the host has CPUs gets a cpuset of that
+// many (runtime.CPUs): runsc sizes the Sentry's CPU count from the
+// cgroup's cpuset, and otherwise never reports fewer than 2.
+func resources(id string, l runtime.Limits) *specs.LinuxResources {
 	r := &specs.LinuxResources{}
 	if l.MemBytes > 0 {
 		mem := l.MemBytes
@@ -199,6 +203,9 @@ func resources(l runtime.Limits) *specs.LinuxResources {
 		quota := l.MilliCPUs * cpuPeriod / 1000
 		period := uint64(cpuPeriod)
 		r.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+		if allowed, err := runtime.AllowedCPUs(); err == nil {
+			r.CPU.Cpus = runtime.CPUList(runtime.CPUs(id, l, allowed))
+		}
 	}
 	return r
 }

@@ -66,7 +66,7 @@ func TestTaskLimits(t *testing.T) {
 	if nproc != 1024 {
 		t.Errorf("RLIMIT_NPROC %d, want 1024 (one per MiB of 1 GiB, under PidsMax 4096)", nproc)
 	}
-	if got := resources(l).Pids.Limit; got != 3*1024+512 {
+	if got := resources("sb", l).Pids.Limit; got != 3*1024+512 {
 		t.Errorf("host pids limit %d", got)
 	}
 	if got, want := hostMemLimit(l), int64(1<<30+256<<20+256<<20+1024*hostTaskBytes); got != want {

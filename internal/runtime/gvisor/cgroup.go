@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -106,4 +107,10 @@ func killProcs(dir string) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
+}
+
+// Usage implements runtime.Meter from the sandbox's host cgroups (runsc,
+// Sentry and gofer included).
+func (d *Driver) Usage(_ context.Context, id string) (runtime.Usage, error) {
+	return runtime.CgroupUsage(cgroupRoot, filepath.Join("cubicle", id))
 }

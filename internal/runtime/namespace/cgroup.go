@@ -17,8 +17,9 @@ import (
 
 // cgroupControllers are the cgroup v1 hierarchies a sandbox gets a directory
 // in: <root>/<ctrl>/<parent>/<id>. pids is listed first because Stop uses it
-// to enumerate the sandbox's processes; freezer lets Pause stop them in place.
-var cgroupControllers = [...]string{"pids", "memory", "cpu", "freezer"}
+// to enumerate the sandbox's processes; freezer lets Pause stop them in place;
+// cpuacct measures CPU time for Usage.
+var cgroupControllers = [...]string{"pids", "memory", "cpu", "cpuacct", "freezer"}
 
 // cgroups is one sandbox's set of cgroup v1 directories.
 type cgroups struct {
@@ -145,4 +146,9 @@ func writeFile(dir, name, v string) error {
 func exists(dir, name string) bool {
 	_, err := os.Stat(filepath.Join(dir, name))
 	return err == nil
+}
+
+// Usage implements runtime.Meter from the sandbox's cgroups.
+func (d *Driver) Usage(_ context.Context, id string) (runtime.Usage, error) {
+	return runtime.CgroupUsage(d.cgroupRoot, filepath.Join(d.cgroupParent, id))
 }

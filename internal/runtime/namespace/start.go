@@ -95,6 +95,9 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := cg.add(pid); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
+	if err := pinCPUs(pid, spec); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
 	if err := json.NewEncoder(pipes.config).Encode(cfg); err != nil {
 		return fmt.Errorf("start %s: send init config: %w", spec.ID, err)
 	}
@@ -299,4 +302,28 @@ func procStat(pid int) (uint64, bool, error) {
 	// f[0] is field 3 (state); field 22 is f[19].
 	start, err := strconv.ParseUint(f[19], 10, 64)
 	return start, f[0] == "Z" || f[0] == "X", err
+}
+
+// pinCPUs gives PID 1 (before it runs anything) the CPUs of runtime.CPUs,
+// so nproc inside says the sandbox's vCPUs; every process inherits them.
+// The thread of tid pid is the one that execs the agent. Unlike a cpuset
+// cgroup, a process may widen its own affinity again: that changes what
+// it is told, not what it gets (the CFS quota bounds its CPU time).
+func pinCPUs(pid int, spec runtime.Spec) error {
+	allowed, err := runtime.AllowedCPUs()
+	if err != nil {
+		return fmt.Errorf("read CPU affinity: %w", err)
+	}
+	cpus := runtime.CPUs(spec.ID, spec.Limits, allowed)
+	if cpus == nil {
+		return nil
+	}
+	var set unix.CPUSet
+	for _, c := range cpus {
+		set.Set(c)
+	}
+	if err := unix.SchedSetaffinity(pid, &set); err != nil {
+		return fmt.Errorf("pin to CPUs %v: %w", cpus, err)
+	}
+	return nil
 }

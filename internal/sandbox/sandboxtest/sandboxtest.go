@@ -111,6 +111,13 @@ func (s *Storage) Limit(_ context.Context, id string, bytes int64) (bool, error)
 	return false, nil
 }
 
+// LimitOf returns the last limit set on id (0: none).
+func (s *Storage) LimitOf(id string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.limits[id]
+}
+
 // Flush implements sandbox.Storage.
 func (s *Storage) Flush(context.Context, string) error { return nil }
 
@@ -452,4 +459,32 @@ func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		http.NotFound(w, r)
 	}
+}
+
+// What the fake Driver and Network report for every running instance.
+const (
+	FakeCPUSeconds  = 1.5
+	FakeMemoryBytes = 64 << 20
+	FakeRxBytes     = 1000
+	FakeTxBytes     = 200
+)
+
+// Usage implements runtime.Meter: the Fake values for a running instance.
+func (d *Driver) Usage(_ context.Context, id string) (runtime.Usage, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.boxes[id] == nil {
+		return runtime.Usage{}, fmt.Errorf("fake driver: %s is not running", id)
+	}
+	return runtime.Usage{CPU: FakeCPUSeconds * 1e9, MemoryBytes: FakeMemoryBytes}, nil
+}
+
+// Counters counts FakeRxBytes and FakeTxBytes for an endpoint that is set up.
+func (n *Network) Counters(id string) (network.Counters, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.eps[id] == nil {
+		return network.Counters{}, fmt.Errorf("fake network: no endpoint %s", id)
+	}
+	return network.Counters{RxBytes: FakeRxBytes, TxBytes: FakeTxBytes}, nil
 }

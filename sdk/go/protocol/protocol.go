@@ -160,12 +160,23 @@ type UpdateSandboxRequest struct {
 	// replaces the stored one and may only be changed while the sandbox is
 	// ready.
 	ProxyConfig json.RawMessage `json:"proxy_config,omitempty"`
+	// VCPUs, MemBytes and FSCapacityBytes resize the sandbox (the
+	// OpenAPI's PATCH extras, spec §3.5): CPU and memory from its next
+	// start, the filesystem capacity at once.
+	VCPUs           *int64 `json:"vcpus,omitempty"`
+	MemBytes        *int64 `json:"mem_bytes,omitempty"`
+	FSCapacityBytes *int64 `json:"fs_capacity_bytes,omitempty"`
 }
 
 // Empty reports whether the request changes nothing.
 func (r UpdateSandboxRequest) Empty() bool {
 	return r.Name == nil && r.IdleTTLSeconds == nil && r.DeleteAfterStopSeconds == nil &&
-		r.RunConfig == nil && (len(r.ProxyConfig) == 0 || string(r.ProxyConfig) == "null")
+		r.RunConfig == nil && (len(r.ProxyConfig) == 0 || string(r.ProxyConfig) == "null") && !r.Resizes()
+}
+
+// Resizes reports whether the request changes the sandbox's resources.
+func (r UpdateSandboxRequest) Resizes() bool {
+	return r.VCPUs != nil || r.MemBytes != nil || r.FSCapacityBytes != nil
 }
 
 // Registry holds private image pull credentials of a workspace (spec §3.4).

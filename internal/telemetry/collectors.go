@@ -1,0 +1,89 @@
+package telemetry
+
+import (
+	"context"
+	"os"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Census lists every sandbox with its state, and the usage of the running
+// ones it measured (sandbox.Manager.Census; it bounds how many).
+type Census func(ctx context.Context) ([]protocol.SandboxStats, error)
+
+// censusTimeout bounds one scrape's census.
+const censusTimeout = 10 * time.Second
+
+var (
+	descSandboxes = prometheus.NewDesc("cubicle_sandboxes", "Sandboxes by state and runtime.", []string{"state", "runtime"}, nil)
+	descCPU       = prometheus.NewDesc("cubicle_sandbox_cpu_seconds_total", "CPU time used by a running sandbox's instance.", []string{"sandbox"}, nil)
+	descMem       = prometheus.NewDesc("cubicle_sandbox_memory_bytes", "Memory charged to a running sandbox.", []string{"sandbox"}, nil)
+	descDisk      = prometheus.NewDesc("cubicle_sandbox_disk_bytes", "Bytes a running sandbox alone holds on the store.", []string{"sandbox"}, nil)
+	descRx        = prometheus.NewDesc("cubicle_sandbox_network_receive_bytes_total", "Bytes a running sandbox received.", []string{"sandbox"}, nil)
+	descTx        = prometheus.NewDesc("cubicle_sandbox_network_transmit_bytes_total", "Bytes a running sandbox sent.", []string{"sandbox"}, nil)
+)
+
+// sandboxCollector computes the sandbox gauges at scrape time from a
+// census: nothing is kept between scrapes, so deleted sandboxes' series
+// vanish with them and cardinality is what the census bounds it to.
+type sandboxCollector struct{ census Census }
+
+func (c sandboxCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descSandboxes, descCPU, descMem, descDisk, descRx, descTx} {
+		ch <- d
+	}
+}
+
+func (c sandboxCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), censusTimeout)
+	defer cancel()
+	all, err := c.census(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(descSandboxes, err)
+		return
+	}
+	type key struct{ state, runtime string }
+	counts := map[key]int{}
+	for _, st := range all {
+		counts[key{st.Status, st.Runtime}]++
+		if st.Status != protocol.StatusReady || st.SampledAt.IsZero() {
+			continue
+		}
+		if st.CPUSeconds == 0 && st.MemoryBytes == 0 {
+			continue // not measured (past the census's bound, or unreadable)
+		}
+		ch <- prometheus.MustNewConstMetric(descCPU, prometheus.CounterValue, st.CPUSeconds, st.ID)
+		ch <- prometheus.MustNewConstMetric(descMem, prometheus.GaugeValue, float64(st.MemoryBytes), st.ID)
+		if st.DiskBytes >= 0 {
+			ch <- prometheus.MustNewConstMetric(descDisk, prometheus.GaugeValue, float64(st.DiskBytes), st.ID)
+		}
+		ch <- prometheus.MustNewConstMetric(descRx, prometheus.CounterValue, float64(st.NetRxBytes), st.ID)
+		ch <- prometheus.MustNewConstMetric(descTx, prometheus.CounterValue, float64(st.NetTxBytes), st.ID)
+	}
+	for k, n := range counts {
+		ch <- prometheus.MustNewConstMetric(descSandboxes, prometheus.GaugeValue, float64(n), k.state, k.runtime)
+	}
+}
+
+// WatchSandboxes registers the sandbox gauges, computed from census at
+// every scrape.
+func (t *Telemetry) WatchSandboxes(census Census) {
+	t.reg.MustRegister(sandboxCollector{census})
+}
+
+// WatchStoreFile registers cubicle_store_size_bytes: the size of the
+// SQLite database at path with its write-ahead log.
+func (t *Telemetry) WatchStoreFile(path string) {
+	t.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "cubicle", Name: "store_size_bytes",
+		Help: "Size of the state database, write-ahead log included."}, func() float64 {
+		var n int64
+		for _, p := range []string{path, path + "-wal"} {
+			if fi, err := os.Stat(p); err == nil {
+				n += fi.Size()
+			}
+		}
+		return float64(n)
+	}))
+}
