@@ -145,7 +145,7 @@ func backend(t *testing.T) (port int) {
 		}
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Path, "query": r.URL.RawQuery, "header": r.Header})
+		json.NewEncoder(w).Encode(map[string]any{"host": r.Host, "path": r.URL.Path, "query": r.URL.RawQuery, "header": r.Header})
 	})
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
@@ -171,6 +171,7 @@ func newTestGateway(t *testing.T, domain string) (*Gateway, *httptest.Server, *s
 }
 
 type echo struct {
+	Host   string
 	Path   string
 	Query  string
 	Header http.Header
@@ -393,7 +394,7 @@ func TestHostileServiceCannotPlantTokenCookie(t *testing.T) {
 			w.Header().Add("Set-Cookie", c)
 		}
 		w.Header().Add("Set-Cookie", "app=1; Path=/")
-		json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Path, "header": r.Header})
+		json.NewEncoder(w).Encode(map[string]any{"host": r.Host, "path": r.URL.Path, "header": r.Header})
 	})
 	hostile := httptest.NewServer(mux)
 	defer hostile.Close()

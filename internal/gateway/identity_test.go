@@ -63,9 +63,13 @@ func TestUserIdentityHeaders(t *testing.T) {
 	if resp, _ := get(t, c, ll.BrowserURL, http.Header{"X-Api-Key": {"alice-key"}}); resp.StatusCode != 200 {
 		t.Fatalf("login: %d", resp.StatusCode)
 	}
+	u0, _ := url.Parse(ll.ServiceURL)
 	resp, e = get(t, c, ll.ServiceURL+"/x", spoof)
 	if resp.StatusCode != 200 {
 		t.Fatalf("login session: %d", resp.StatusCode)
+	}
+	if e.Host != u0.Host {
+		t.Errorf("the service saw Host %q, want the one it was reached by (%s)", e.Host, u0.Host)
 	}
 	if e.Header.Get(UserIDHeader) != "alice" || e.Header.Get(UserEmailHeader) != "alice@example.com" || len(e.Header.Values(UserIDHeader)) != 1 {
 		t.Fatalf("identity headers: %v", e.Header)

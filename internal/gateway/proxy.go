@@ -252,7 +252,9 @@ type forwardKey struct{}
 func rewrite(pr *httputil.ProxyRequest) {
 	fw := pr.In.Context().Value(forwardKey{}).(*forward)
 	out := pr.Out
-	out.URL.Scheme, out.URL.Host, out.Host = "http", fw.addr, ""
+	// The service sees the Host it was reached by (the audience of the
+	// user token is that host), not its sandbox address.
+	out.URL.Scheme, out.URL.Host, out.Host = "http", fw.addr, pr.In.Host
 	out.URL.RawPath = fw.rest
 	if p, err := url.PathUnescape(fw.rest); err == nil {
 		out.URL.Path = p
