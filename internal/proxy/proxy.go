@@ -94,7 +94,7 @@ type Config struct {
 	Identity *jwtkeys.Signer
 	// STSEndpoint overrides where role_arn rules assume their roles.
 	STSEndpoint string
-	Logger *slog.Logger
+	Logger      *slog.Logger
 	// Meter counts decisions and relayed bytes for metrics
 	// (internal/telemetry); nil counts nothing.
 	Meter Meter
