@@ -2,8 +2,12 @@ package api
 
 import (
 	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +15,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
@@ -536,5 +541,31 @@ func TestRegistries(t *testing.T) {
 	}
 	if st, _ := ta.do(t, "GET", base+"/r", adminKey, nil); st != 404 {
 		t.Fatalf("get after delete: %d", st)
+	}
+}
+
+// TestJWKS: the identity public key is served without an API key, in the
+// shape the clients' SandboxTokenVerifier reads.
+func TestJWKS(t *testing.T) {
+	_, priv, _ := ed25519.GenerateKey(nil)
+	signer, err := jwtkeys.New(priv, "http://api.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New(newFakeSandboxes(), fakeAuth{}, &fakeImages{}, "http://api.test/", slog.New(slog.DiscardHandler), WithJWKS(signer))
+	rec := httptest.NewRecorder()
+	srv.ServeHTTP(rec, httptest.NewRequest("GET", "/.well-known/jwks.json", nil))
+	var set struct {
+		Keys []map[string]string `json:"keys"`
+	}
+	if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &set) != nil || len(set.Keys) != 1 {
+		t.Fatalf("jwks: %d %s", rec.Code, rec.Body)
+	}
+	k := set.Keys[0]
+	if k["kty"] != "OKP" || k["crv"] != "Ed25519" || k["kid"] != signer.KeyID() || k["x"] != base64.RawURLEncoding.EncodeToString(priv.Public().(ed25519.PublicKey)) {
+		t.Fatalf("jwk %v", k)
+	}
+	if st, _ := newTestAPI(t, false).do(t, "GET", "/.well-known/jwks.json", "", nil); st != 404 {
+		t.Fatalf("jwks without WithJWKS: %d, want 404", st)
 	}
 }

@@ -65,11 +65,11 @@ func TestEgressCredentials(t *testing.T) {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(strings.NewReader(string(body)))
 		if err := stsVerifier.verify(r); err != nil {
-			http.Error(w, "<ErrorResponse><Error><Code>SignatureDoesNotMatch</Code><Message>"+err.Error()+"</Message></Error></ErrorResponse>", 403)
+			http.Error(w, "<ErrorResponse><Error><Code>SignatureDoesNotMatch</Code><Message>"+err.Error()+"</Message></Error></ErrorResponse>", http.StatusForbidden)
 			return
 		}
 		if !strings.Contains(string(body), "RoleArn=arn%3Aaws%3Aiam%3A%3A123456789012%3Arole%2Fe2e") || !strings.Contains(string(body), "Tags.member.1.Value=blue") {
-			http.Error(w, "bad form "+string(body), 400)
+			http.Error(w, "bad form "+string(body), http.StatusBadRequest)
 			return
 		}
 		fmt.Fprintf(w, `<AssumeRoleResponse><AssumeRoleResult><Credentials><AccessKeyId>%s</AccessKeyId><SecretAccessKey>%s</SecretAccessKey><SessionToken>%s</SessionToken><Expiration>%s</Expiration></Credentials></AssumeRoleResult></AssumeRoleResponse>`,
@@ -83,13 +83,13 @@ func TestEgressCredentials(t *testing.T) {
 		r.ParseForm()
 		parts := strings.Split(r.PostForm.Get("assertion"), ".")
 		if len(parts) != 3 {
-			http.Error(w, "no assertion", 400)
+			http.Error(w, "no assertion", http.StatusBadRequest)
 			return
 		}
 		sum := sha256.Sum256([]byte(parts[0] + "." + parts[1]))
 		sig, _ := base64.RawURLEncoding.DecodeString(parts[2])
 		if rsa.VerifyPKCS1v15(&rk.PublicKey, crypto.SHA256, sum[:], sig) != nil {
-			http.Error(w, "bad assertion signature", 401)
+			http.Error(w, "bad assertion signature", http.StatusUnauthorized)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -115,7 +115,7 @@ func TestEgressCredentials(t *testing.T) {
 		claims, err := jwtkeystest.Verify(jwks, r.Header.Get("X-LangSmith-Signature-JWT"), cbURL)
 		sum := sha256.Sum256(body)
 		if err != nil || claims["sub"] != "langsmith-sandbox-callback" || claims["body_sha256"] != hex.EncodeToString(sum[:]) {
-			http.Error(w, fmt.Sprintf("bad signature: %v", err), 401)
+			http.Error(w, fmt.Sprintf("bad signature: %v", err), http.StatusUnauthorized)
 			return
 		}
 		var cb struct {
@@ -126,7 +126,7 @@ func TestEgressCredentials(t *testing.T) {
 			} `json:"identity"`
 		}
 		if json.Unmarshal(body, &cb) != nil || cb.Host != cbAPIHost || cb.Identity.SandboxID != sandboxID.Load() || cb.Identity.TenantID != "default" {
-			http.Error(w, "bad body "+string(body), 400)
+			http.Error(w, "bad body "+string(body), http.StatusBadRequest)
 			return
 		}
 		fmt.Fprintf(w, `{"headers":{"Authorization":"Bearer %s"}}`, cbTok)
@@ -194,7 +194,7 @@ func TestEgressCredentials(t *testing.T) {
 func bearerAPI(what, tok string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+tok {
-			http.Error(w, what+": missing or wrong bearer token", 401)
+			http.Error(w, what+": missing or wrong bearer token", http.StatusUnauthorized)
 			return
 		}
 		fmt.Fprintf(w, "%s ok\n", what)
