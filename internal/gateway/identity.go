@@ -57,7 +57,9 @@ func (g *Gateway) userHeaders(c Claims, host string) (http.Header, error) {
 	if c.Name != "" {
 		extra["name"] = c.Name
 	}
-	tok, err := g.cfg.Identity.Sign(strings.ToLower(host), c.User, UserTokenTTL, extra)
+	// The audience is the Host exactly as the service receives it, which
+	// is what an app passes to its verifier.
+	tok, err := g.cfg.Identity.Sign(host, c.User, UserTokenTTL, extra)
 	if err != nil {
 		return nil, err
 	}

@@ -146,3 +146,32 @@ func mustIssue(t *testing.T, g *Gateway, sb *store.Sandbox, port int) string {
 	}
 	return l.Token
 }
+
+// TestLoginEmbed: a login grant's embed origins may frame its login page
+// and the service behind it; a grant without them may be framed by nobody.
+func TestLoginEmbed(t *testing.T) {
+	port := backend(t)
+	g, _, sb := newTestGateway(t, "")
+	for _, c := range []struct {
+		embed []string
+		want  string
+	}{
+		{nil, "frame-ancestors 'none'"},
+		{[]string{"https://app.example"}, "frame-ancestors https://app.example"},
+	} {
+		ll := g.GrantLogin(context.Background(), sb, port, protocol.AccessWorkspace, c.embed)
+		page, err := http.Get(ll.BrowserURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		page.Body.Close()
+		if got := page.Header.Get("Content-Security-Policy"); !strings.HasSuffix(got, c.want) || page.Header.Get("X-Frame-Options") != "" {
+			t.Errorf("login page of a grant with %v: CSP %q", c.embed, got)
+		}
+		jar, _ := cookiejar.New(nil)
+		resp, _ := get(t, &http.Client{Jar: jar}, ll.BrowserURL, http.Header{"X-Api-Key": {"bob-key"}})
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Security-Policy") != c.want {
+			t.Errorf("service behind a grant with %v: %d CSP %q", c.embed, resp.StatusCode, resp.Header.Get("Content-Security-Policy"))
+		}
+	}
+}

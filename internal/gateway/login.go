@@ -24,7 +24,6 @@ func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Referrer-Policy", "no-referrer")
-	w.Header().Set("X-Frame-Options", "DENY")
 	key := r.Header.Get("X-Api-Key")
 	switch r.Method {
 	case http.MethodGet:
@@ -49,9 +48,13 @@ func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
 		g.cfg.WriteError(ctx, w, errdefs.Field("port", "login needs ?sandbox=<id or name>&port=<1..65535>"))
 		return
 	}
+	// Only the origins a grant names may frame its login (the login URL
+	// names the sandbox by id); nobody else.
+	framing := frameAncestors(g.grantEmbed(ref, port))
+	w.Header().Set("Content-Security-Policy", framing)
 	if key == "" && r.Method == http.MethodGet {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "+framing)
 		_ = loginPage.Execute(w, map[string]any{"Sandbox": ref, "Port": port})
 		return
 	}

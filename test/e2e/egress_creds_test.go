@@ -39,7 +39,12 @@ const (
 // and inject them on the wire; a rule's env_vars reach commands; no secret
 // — the keys, nor anything minted from them — is ever inside the sandbox.
 func TestEgressCredentials(t *testing.T) {
-	const rt = "namespace"
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) { testEgressCredentials(t, rt) })
+	}
+}
+
+func testEgressCredentials(t *testing.T, rt string) {
 	var (
 		baseAK, baseSK = "AKIAE2EBASE0000000001", "e2eBaseSecret5b1f0c8d9a2e4b6f8c0d2e4f6a8b0c2d"
 		tempAK, tempSK = "ASIAE2ETEMP000000001", "e2eTempSecret0c2d4e6f8a0b2c4d6e8f0a2b4c6d8e0f"

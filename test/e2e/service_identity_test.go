@@ -44,7 +44,13 @@ func forge(t *testing.T, tok string) string {
 // SandboxTokenVerifier accepts (and a forged one it rejects); embed_origins
 // decide who may frame the service.
 func TestServiceIdentity(t *testing.T) {
-	f := startGatewayFixture(t, "namespace", "")
+	for _, rt := range runtimes() {
+		t.Run(rt, func(t *testing.T) { testServiceIdentity(t, rt) })
+	}
+}
+
+func testServiceIdentity(t *testing.T, rt string) {
+	f := startGatewayFixture(t, rt, "")
 	ctx := context.Background()
 	root := f.d.Client
 	uma, err := root.CreateUser(ctx, protocol.CreateUserRequest{Name: "Uma", Email: "uma@example.com"})
