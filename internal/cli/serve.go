@@ -215,11 +215,16 @@ func serve(ctx context.Context, f serveFlags) error {
 	if public == "" {
 		public = "http://" + ln.Addr().String()
 	}
-	identityKey, err := jwtkeys.LoadOrCreate(ctx, filepath.Join(f.dataDir, "identity-ed25519.key"), log)
+	keyPath := filepath.Join(f.dataDir, "identity-ed25519.key")
+	identityKey, err := jwtkeys.LoadOrCreate(ctx, keyPath, log)
 	if err != nil {
 		return err
 	}
-	idSigner, err := jwtkeys.New(identityKey, public)
+	retired, err := jwtkeys.LoadRetired(keyPath + ".old")
+	if err != nil {
+		return err
+	}
+	idSigner, err := jwtkeys.New(identityKey, public, retired...)
 	if err != nil {
 		return err
 	}

@@ -36,7 +36,10 @@ type Signer struct {
 	key    ed25519.PrivateKey
 	kid    string
 	issuer string
-	now    func() time.Time
+	// retired keys no longer sign but stay in the JWKS, so tokens they
+	// signed keep verifying until they expire.
+	retired []ed25519.PublicKey
+	now     func() time.Time
 }
 
 // KID is the key id of pub: base64url of the first 8 bytes of its SHA-256.
@@ -46,8 +49,9 @@ func KID(pub ed25519.PublicKey) string {
 }
 
 // New returns a Signer over key issuing as issuer (trailing slashes are
-// dropped: the verifiers compare iss with the issuer so trimmed).
-func New(key ed25519.PrivateKey, issuer string) (*Signer, error) {
+// dropped: the verifiers compare iss with the issuer so trimmed), listing
+// the retired keys in its JWKS too.
+func New(key ed25519.PrivateKey, issuer string, retired ...ed25519.PrivateKey) (*Signer, error) {
 	if len(key) != ed25519.PrivateKeySize {
 		return nil, fmt.Errorf("jwtkeys: key is %d bytes, want %d: %w", len(key), ed25519.PrivateKeySize, errdefs.ErrInvalid)
 	}
@@ -55,7 +59,13 @@ func New(key ed25519.PrivateKey, issuer string) (*Signer, error) {
 	if issuer == "" {
 		return nil, fmt.Errorf("jwtkeys: issuer is required: %w", errdefs.ErrInvalid)
 	}
-	return &Signer{key: key, kid: KID(key.Public().(ed25519.PublicKey)), issuer: issuer, now: time.Now}, nil
+	s := &Signer{key: key, kid: KID(key.Public().(ed25519.PublicKey)), issuer: issuer, now: time.Now}
+	for _, r := range retired {
+		if len(r) == ed25519.PrivateKeySize && !r.Equal(key) {
+			s.retired = append(s.retired, r.Public().(ed25519.PublicKey))
+		}
+	}
+	return s, nil
 }
 
 // KeyID is the kid every token of s carries.
@@ -108,10 +118,28 @@ type JWKS struct {
 	Keys []JWK `json:"keys"`
 }
 
-// JWKS returns the public key set: the signing key.
+// JWKS returns the public key set: the signing key, then the retired ones.
 func (s *Signer) JWKS() JWKS {
-	pub := s.key.Public().(ed25519.PublicKey)
-	return JWKS{Keys: []JWK{{Kty: "OKP", Crv: "Ed25519", Kid: s.kid, X: base64.RawURLEncoding.EncodeToString(pub), Alg: "EdDSA", Use: "sig"}}}
+	out := JWKS{}
+	for _, pub := range append([]ed25519.PublicKey{s.key.Public().(ed25519.PublicKey)}, s.retired...) {
+		out.Keys = append(out.Keys, JWK{Kty: "OKP", Crv: "Ed25519", Kid: KID(pub), X: base64.RawURLEncoding.EncodeToString(pub), Alg: "EdDSA", Use: "sig"})
+	}
+	return out
+}
+
+// LoadRetired reads the retired key at path (see LoadOrCreate for the
+// format), if there is one. To rotate: rename the key file to <name>.old
+// and restart; the daemon creates a new key and keeps listing the old one
+// until that file is deleted (after the longest token lifetime).
+func LoadRetired(path string) ([]ed25519.PrivateKey, error) {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	k, err := readKey(path)
+	if err != nil {
+		return nil, err
+	}
+	return []ed25519.PrivateKey{k}, nil
 }
 
 // LoadOrCreate reads the hex Ed25519 seed at path, creating it (mode 0600,
@@ -119,8 +147,7 @@ func (s *Signer) JWKS() JWKS {
 // others is refused: whoever reads it can impersonate any user to the apps
 // behind service URLs and to proxy callbacks.
 func LoadOrCreate(ctx context.Context, path string, log *slog.Logger) (ed25519.PrivateKey, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
 		seed := make([]byte, ed25519.SeedSize)
 		rand.Read(seed)
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
@@ -138,6 +165,13 @@ func LoadOrCreate(ctx context.Context, path string, log *slog.Logger) (ed25519.P
 		log.InfoContext(ctx, "created identity-signing key (JWKS)", "path", path)
 		return ed25519.NewKeyFromSeed(seed), nil
 	}
+	return readKey(path)
+}
+
+// readKey reads the hex seed of an existing key file, refusing one that
+// group or others may read.
+func readKey(path string) (ed25519.PrivateKey, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("jwtkeys: read identity key: %w", err)
 	}

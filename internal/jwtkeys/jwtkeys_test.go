@@ -76,3 +76,41 @@ func TestSignVerifiesAgainstJWKS(t *testing.T) {
 		t.Fatal("token of another key verified")
 	}
 }
+
+// TestRotation: after the key file is renamed to .old, a new key signs and
+// tokens of the old one still verify against the JWKS.
+func TestRotation(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "identity.key")
+	oldKey, err := jwtkeys.LoadOrCreate(ctx, path, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldSigner, _ := jwtkeys.New(oldKey, "https://c.example")
+	oldTok, _ := oldSigner.Sign("svc", "u", time.Minute, nil)
+	if none, err := jwtkeys.LoadRetired(path + ".old"); err != nil || none != nil {
+		t.Fatalf("no retired key: %v %v", none, err)
+	}
+	if err := os.Rename(path, path+".old"); err != nil {
+		t.Fatal(err)
+	}
+	newKey, err := jwtkeys.LoadOrCreate(ctx, path, slog.Default())
+	if err != nil || newKey.Equal(oldKey) {
+		t.Fatalf("no new key after rotation: %v", err)
+	}
+	retired, err := jwtkeys.LoadRetired(path + ".old")
+	if err != nil || len(retired) != 1 {
+		t.Fatalf("retired: %v %v", retired, err)
+	}
+	s, _ := jwtkeys.New(newKey, "https://c.example", retired...)
+	newTok, _ := s.Sign("svc", "u", time.Minute, nil)
+	set := s.JWKS()
+	if len(set.Keys) != 2 || set.Keys[0].Kid != s.KeyID() {
+		t.Fatalf("jwks after rotation: %+v", set)
+	}
+	for name, tok := range map[string]string{"old": oldTok, "new": newTok} {
+		if _, err := jwtkeystest.Verify(set, tok, "svc"); err != nil {
+			t.Errorf("%s key's token: %v", name, err)
+		}
+	}
+}
