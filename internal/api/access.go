@@ -100,11 +100,13 @@ func note(r *http.Request, t accessTarget, p auth.Principal, err error) {
 	}
 }
 
-// statusWriter remembers the status a handler answered with. Unwrap
-// keeps http.ResponseController (flush, hijack for WebSockets) working.
+// statusWriter remembers the status a handler answered with and the body
+// bytes it wrote. Unwrap keeps http.ResponseController (flush, hijack for
+// WebSockets) working.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	n      int64
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -118,7 +120,9 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	return w.ResponseWriter.Write(b)
+	n, err := w.ResponseWriter.Write(b)
+	w.n += int64(n)
+	return n, err
 }
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -28,7 +28,7 @@ import (
 // returned handle.
 func (s *Server) dataplane(w http.ResponseWriter, r *http.Request) (*sandbox.Conn, bool) {
 	telemetry.SetSandbox(r.Context(), r.PathValue("id"))
-	dp, err := s.mgr.Dataplane(r.Context(), r.PathValue("id"))
+	dp, err := s.mgr.Dataplane(sandbox.WithRequestKind(r.Context(), requestKind(r.URL.Path)), r.PathValue("id"))
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return nil, false
@@ -95,9 +95,11 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	stdout, stderr := &cappedOutput{max: s.execOutputLimit}, &cappedOutput{max: s.execOutputLimit}
+	outw, errw, recorded := s.recordExecute(r, conn, &f, req, stdout, stderr)
 	ctx, done := s.tel.Exec(ctx, "http", r.PathValue("id"), f.CommandID)
-	code, err := conn.Agent.Exec(ctx, f, stdout, stderr)
+	code, err := conn.Agent.Exec(ctx, f, outw, errw)
 	done(code, err)
+	recorded(ctx, code, err)
 	switch {
 	case errors.Is(err, agent.ErrCommandTimeout):
 		writeDetail(w, http.StatusRequestTimeout, protocol.ErrCommandTimeout, fmt.Sprintf("command timed out after %ds", timeout))
@@ -218,6 +220,9 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 			conn.Close(websocket.StatusNormalClosure, "")
 			return
 		}
+		if first.CommandID == "" {
+			first.CommandID = uuid.NewString() // named, so its record's step can be found on reconnect
+		}
 	}
 	up, err := dp.Agent.DialExec(ctx)
 	if err != nil {
@@ -231,7 +236,8 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	relay(ctx, conn, up, dp.Gone, dp.Touch, func() string { return s.mgr.StatusMessage(context.WithoutCancel(ctx), id) })
+	tap := s.tapExec(ctx, id, dp, &first, "ws")
+	relay(ctx, conn, up, dp.Gone, dp.Touch, func() string { return s.mgr.StatusMessage(context.WithoutCancel(ctx), id) }, tap)
 }
 
 // goneWait bounds how long a relay whose agent connection broke waits for
@@ -251,13 +257,13 @@ const goneWait = 2 * time.Second
 //
 // Neither pipe's context is cancelled before the client has been told:
 // the websocket library closes a connection whose read or write context
-// ends.
-func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}, touch func(), why func() string) {
+// ends. tap (may be nil) sees every frame, for the command's record.
+func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}, touch func(), why func() string, tap *execTap) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	upErr, clientErr := make(chan error, 1), make(chan error, 1)
-	go func() { upErr <- pipe(ctx, up, client, touch) }()
-	go func() { clientErr <- pipe(ctx, client, up, touch) }()
+	go func() { upErr <- pipe(ctx, up, client, touch, tap.fromClient) }()
+	go func() { clientErr <- pipe(ctx, client, up, touch, tap.fromAgent) }()
 	select {
 	case err := <-clientErr:
 		up.Close(closeStatus(err), "")
@@ -299,13 +305,15 @@ func closedWithin(ch <-chan struct{}, d time.Duration) bool {
 	}
 }
 
-func pipe(ctx context.Context, dst, src *websocket.Conn, touch func()) error {
+// pipe copies frames from src to dst, showing each to see first.
+func pipe(ctx context.Context, dst, src *websocket.Conn, touch func(), see func([]byte)) error {
 	for {
 		typ, data, err := src.Read(ctx)
 		if err != nil {
 			return err
 		}
 		touch()
+		see(data)
 		if err := dst.Write(ctx, typ, data); err != nil {
 			return err
 		}
@@ -364,10 +372,12 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	if err := dp.Agent.WriteFile(r.Context(), dp.RunConfig.User, path, 0o644, body); err != nil {
+	cr := &countingReader{r: body}
+	if err := dp.Agent.WriteFile(r.Context(), dp.RunConfig.User, path, 0o644, cr); err != nil {
 		writeAgentError(w, r, err)
 		return
 	}
+	s.recordFile(r.Context(), r.PathValue("id"), dp.WorkspaceID, protocol.EventFileUploaded, fileData{Path: path, Bytes: cr.n})
 	writeJSON(w, http.StatusOK, map[string]string{"path": path})
 }
 
@@ -388,7 +398,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer dp.Release()
-	relayFile(w, r, dp, path, nil)
+	s.relayRecorded(w, r, r.PathValue("id"), dp, path, "api", nil)
 }
 
 // relayFile streams path out of the sandbox behind dp. The agent serves

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -79,7 +80,7 @@ func (s *Server) downloadLink(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	dp, err := s.mgr.GrantDataplane(r.Context(), c.Workspace, c.Sandbox)
+	dp, err := s.mgr.GrantDataplane(sandbox.WithRequestKind(r.Context(), "download_link"), c.Workspace, c.Sandbox)
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return
@@ -102,5 +103,5 @@ func (s *Server) downloadLink(w http.ResponseWriter, r *http.Request) {
 	extra.Set("Content-Security-Policy", "sandbox")
 	extra.Set("Referrer-Policy", "no-referrer")
 	extra.Set("Cache-Control", "private")
-	relayFile(w, r, dp, c.Path, extra)
+	s.relayRecorded(w, r, c.Sandbox, dp, c.Path, "link", extra)
 }

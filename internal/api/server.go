@@ -20,6 +20,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
 	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
+	"github.com/cubicle-dev/cubicle/internal/record"
 	"github.com/cubicle-dev/cubicle/internal/telemetry"
 )
 
@@ -55,6 +56,9 @@ type Server struct {
 	tel *telemetry.Telemetry
 	// limiter rate-limits requests per API key; nil without WithRateLimit.
 	limiter *keyLimiter
+	// rec keeps sandboxes' audit records; nil without WithRecorder, and
+	// then nothing is recorded and the audit routes do not exist.
+	rec *record.Recorder
 }
 
 // drain tells long-lived responses that the server is shutting down.
@@ -104,6 +108,12 @@ func WithTelemetry(t *telemetry.Telemetry) Option {
 			s.tel = t
 		}
 	}
+}
+
+// WithRecorder records every command relayed through the dataplane in rec
+// and serves the audit routes from it.
+func WithRecorder(rec *record.Recorder) Option {
+	return func(s *Server) { s.rec = rec }
 }
 
 // New returns a Server. publicURL is the externally reachable base URL from
@@ -156,6 +166,8 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	s.registerProtocolRoutes()
 	s.registerBranchingRoutes()
 	s.registerTenancyRoutes()
+	s.registerRecordRoutes()
+	s.registerReplayRoutes()
 	if s.jwks != nil {
 		s.mux.HandleFunc("GET /.well-known/jwks.json", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Cache-Control", "public, max-age=300")

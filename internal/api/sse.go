@@ -105,15 +105,21 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*
 		writeError(ctx, w, fmt.Errorf("sandbox agent unreachable: %v: %w", err, errdefs.ErrUnavailable))
 		return
 	}
+	tap := s.tapExec(ctx, r.PathValue("id"), dp, &f, "sse")
 	frames := make(chan protocol.ExecFrame)
 	readErr := make(chan error, 1)
 	go func() {
 		for {
+			_, b, err := up.Read(ctx)
 			var fr protocol.ExecFrame
-			if err := wsjson.Read(ctx, up, &fr); err != nil {
+			if err == nil {
+				err = json.Unmarshal(b, &fr)
+			}
+			if err != nil {
 				readErr <- err
 				return
 			}
+			tap.fromAgent(b)
 			select {
 			case frames <- fr:
 			case <-ctx.Done():
@@ -139,7 +145,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*
 			}
 			switch fr.Type {
 			case protocol.FrameStarted:
-				ev.send(protocol.EventStarted, map[string]any{"command_id": fr.CommandID, "pid": fr.PID})
+				ev.send(protocol.SSEStarted, map[string]any{"command_id": fr.CommandID, "pid": fr.PID})
 			case protocol.FrameStdout, protocol.FrameStderr:
 				off := offsets[fr.Type]
 				if fr.Offset != nil {
@@ -148,22 +154,22 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*
 				ev.send(fr.Type, protocol.StreamChunk{Offset: off, Data: base64.StdEncoding.EncodeToString([]byte(fr.Data))})
 				offsets[fr.Type] = off + int64(len(fr.Data))
 				if sent += len(fr.Data); sent >= sseWindow {
-					ev.send(protocol.EventAckRequired, protocol.AckRequired{StdoutOffset: offsets[protocol.FrameStdout], StderrOffset: offsets[protocol.FrameStderr]})
+					ev.send(protocol.SSEAckRequired, protocol.AckRequired{StdoutOffset: offsets[protocol.FrameStdout], StderrOffset: offsets[protocol.FrameStderr]})
 					up.Close(websocket.StatusNormalClosure, "")
 					return
 				}
 			case protocol.FrameExit:
 				for _, st := range []string{protocol.FrameStdout, protocol.FrameStderr} {
-					ev.send(protocol.EventStreamEnd, protocol.StreamEnd{Stream: st, Offset: offsets[st]})
+					ev.send(protocol.SSEStreamEnd, protocol.StreamEnd{Stream: st, Offset: offsets[st]})
 				}
 				code := -1
 				if fr.ExitCode != nil {
 					code = *fr.ExitCode
 				}
-				ev.send(protocol.EventExit, map[string]any{"exit_code": code})
+				ev.send(protocol.SSEExit, map[string]any{"exit_code": code})
 				return
 			case protocol.FrameError:
-				ev.send(protocol.EventError, map[string]any{"error_type": fr.ErrorType, "error": fr.Error})
+				ev.send(protocol.SSEError, map[string]any{"error_type": fr.ErrorType, "error": fr.Error})
 				return
 			}
 		case err := <-readErr:
@@ -175,13 +181,13 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*
 				msg = stoppedMessage(s.mgr.StatusMessage(context.WithoutCancel(ctx), r.PathValue("id")))
 			}
 			ev.begin()
-			ev.send(protocol.EventError, map[string]any{"error_type": protocol.ErrCommandError, "error": msg})
+			ev.send(protocol.SSEError, map[string]any{"error_type": protocol.ErrCommandError, "error": msg})
 			return
 		case <-s.draining:
 			// Resumable: the command runs on in the sandbox, and the
 			// client resumes against the next daemon.
 			ev.begin()
-			ev.send(protocol.EventError, map[string]any{"error_type": protocol.ErrServerShuttingDown, "error": "the Cubicle daemon is shutting down; resume the command"})
+			ev.send(protocol.SSEError, map[string]any{"error_type": protocol.ErrServerShuttingDown, "error": "the Cubicle daemon is shutting down; resume the command"})
 			return
 		case <-heartbeat.C:
 			ev.begin()

@@ -38,6 +38,8 @@ func Main(args []string) int {
 		newAccessLogCmd(),
 		newQuotaCmd(),
 		newUsageCmd(),
+		newAuditCmd(),
+		newReplayCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {

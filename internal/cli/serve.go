@@ -21,6 +21,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/record"
 	"github.com/cubicle-dev/cubicle/internal/registry"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/gvisor"
@@ -48,6 +49,8 @@ type serveFlags struct {
 	reapInterval       time.Duration
 	ttlGranularity     time.Duration
 	execOutputLimit    int
+	auditRetention     time.Duration
+	auditOutputCap     int
 	egress             egressFlags
 	hostResolv         string
 	conns              api.ConnLimits
@@ -122,6 +125,10 @@ func newServeCmd() *cobra.Command {
 		"unit TTLs must be multiples of; the protocol's is 1m, lower it only for tests (env CUBICLE_TTL_GRANULARITY)")
 	fl.IntVar(&f.execOutputLimit, "exec-output-limit", api.DefaultExecOutputLimit,
 		"bytes of each output stream POST /execute returns; the rest is dropped and the result marked truncated (WebSocket exec streams everything)")
+	fl.DurationVar(&f.auditRetention, "audit-retention", record.DefaultRetention,
+		"how long sandboxes' audit records (events and command output) are kept, also after the sandbox is deleted")
+	fl.IntVar(&f.auditOutputCap, "audit-output-cap", record.DefaultOutputCap,
+		"bytes of each command output stream the audit record keeps (first and last halves; the middle is dropped and marked)")
 	return cmd
 }
 
@@ -233,8 +240,13 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	defer egress.Close()
+	// The record closes (writing what is queued) after the manager and
+	// the API are done recording, before the store closes.
+	rec := record.New(st, record.Options{Retention: f.auditRetention, OutputCap: f.auditOutputCap, Logger: log})
+	defer rec.Close()
 	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
-		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Observer: tel})
+		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Observer: tel,
+		Recorder: rec})
 	if err != nil {
 		return err
 	}
@@ -261,7 +273,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	defer access.Close()
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithJWKS(idSigner), api.WithExecOutputLimit(f.execOutputLimit),
 		api.WithIdentity(identity.New(st, authn, access)), api.WithAccessLog(access), api.WithTelemetry(tel),
-		api.WithRateLimit(f.rateLimit))
+		api.WithRateLimit(f.rateLimit), api.WithRecorder(rec))
 	handler.EnableRegistries(registries)
 	handler.EnableQuotas(mgr, accesslog.Quotas{Recorder: access})
 	handler.EnableEgress(vault, egress)
@@ -270,6 +282,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	// for the children it execs (runsc, sandboxes); e2e TestConnLimits
 	// checks it. The per-client cap is what bounds one caller's share.
 	srv := api.NewHTTPServer(handler, f.conns, log)
+	srv.RegisterOnShutdown(rec.EndFollowers) // live audit streams would hold Shutdown
 	mgr.StartReaper(ctx)
 	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir,
 		"max_conns_per_client", f.conns.MaxConnsPerClient)

@@ -10,6 +10,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // Booting is two halves. prepare brings up an instance — rootfs, netns,
@@ -86,7 +87,9 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		}
 		if terr := m.transition(ctx, sb, to, msg); terr != nil {
 			m.log.Error("record failed boot", "sandbox", sb.ID, "err", terr)
+			return
 		}
+		m.emit(ctx, sb, protocol.EventBootFailed, map[string]any{"first": first, "error": err.Error()})
 	}()
 	if first {
 		if err := m.seedIdentity(ctx, runtimeID(sb.ID), sn); err != nil {
@@ -112,6 +115,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		return err
 	}
 	undo.Release()
+	m.emitStarted(ctx, sb, first, inst.restored, time.Since(start))
 	m.log.InfoContext(ctx, "sandbox ready", append([]any{"sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(),
 		"restored", inst.restored, "boot", time.Since(start)}, m.observePhases(ctx, op, inst.phases)...)...)
 	return nil

@@ -110,6 +110,8 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 		return nil, err
 	}
 	undo.Release()
+	m.emit(ctx, sb, protocol.EventCaptured, map[string]any{"snapshot_id": sn.ID, "snapshot_name": sn.Name,
+		"include_memory": memory, "frozen_ms": frozen.Milliseconds()})
 	m.log.Info("snapshot captured", "snapshot", sn.ID, "name", sn.Name, "sandbox", sb.ID, "memory", memory, "took", time.Since(start), "frozen", frozen)
 	return &SnapshotView{Snapshot: sn}, nil
 }

@@ -130,6 +130,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		}
 	}
 	out.Sandboxes = kept
+	m.emitForked(ctx, parent, v.ID, kept)
 	if err := errors.Join(errs...); err != nil {
 		return out, fmt.Errorf("fork %s: %d of %d branches failed: %w", name, req.Count-len(kept), req.Count, err)
 	}
@@ -194,6 +195,7 @@ func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*s
 		if err := m.halt(ctx, sb, "reset"); err != nil {
 			return nil, err
 		}
+		m.emit(ctx, sb, protocol.EventStopped, stopReason{Reason: "reset"})
 	}
 	// Stopped now, it starts again within the running quotas.
 	release, err := m.quota.reserve(ctx, sb.WorkspaceID, runClaim(sb))
@@ -214,6 +216,7 @@ func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*s
 	if err := m.seedIdentity(ctx, rid, sn); err != nil {
 		return nil, err
 	}
+	m.emit(ctx, sb, protocol.EventReset, map[string]string{"snapshot_id": sn.ID})
 	if err := m.boot(ctx, sb, sn); err != nil {
 		return nil, err
 	}

@@ -83,6 +83,9 @@ type Config struct {
 	// Observer sees create, start, stop, capture and fork with their
 	// phases (observe.go); nil observes nothing.
 	Observer Observer
+	// Recorder receives lifecycle events for the audit record; nil
+	// records nothing.
+	Recorder Recorder
 }
 
 // LimitPolicy holds defaults and maxima for sandbox resources.
@@ -149,6 +152,9 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.Observer == nil {
 		cfg.Observer = nopObserver{}
+	}
+	if cfg.Recorder == nil {
+		cfg.Recorder = nopRecorder{}
 	}
 	if cfg.AgentPort == 0 {
 		cfg.AgentPort = agent.Port

@@ -7,6 +7,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // The idle/TTL reaper. It observes activity — recorded by touch and
@@ -178,7 +179,9 @@ func (m *Manager) reapIdle(ctx context.Context, sb *store.Sandbox) {
 	m.log.Info("idle sandbox stopped", "sandbox", cur.ID, "name", cur.Name, "idle_ttl", ttl)
 	if err := m.halt(ctx, cur, msg); err != nil {
 		m.log.Error("stop idle sandbox", "sandbox", cur.ID, "err", err)
+		return
 	}
+	m.emit(ctx, cur, protocol.EventStopped, stopReason{Reason: protocol.StopIdle, Message: msg})
 }
 
 func (m *Manager) reapStopped(ctx context.Context, id string) {
@@ -193,7 +196,9 @@ func (m *Manager) reapStopped(ctx context.Context, id string) {
 	m.log.Info("stopped sandbox deleted", "sandbox", cur.ID, "name", cur.Name, "delete_after_stop_seconds", cur.DeleteAfterStopSeconds)
 	if err := m.destroy(ctx, cur); err != nil {
 		m.log.Error("delete stopped sandbox", "sandbox", cur.ID, "err", err)
+		return
 	}
+	m.emit(ctx, cur, protocol.EventDeleted, map[string]string{"reason": "delete_after_stop_seconds"})
 }
 
 // flushActivity persists activity newer than what the store holds, on a

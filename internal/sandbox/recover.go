@@ -45,9 +45,12 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
 			return
 		}
 		log.Warn("running sandbox not re-adopted; stopping it", "err", err)
-		if err := m.halt(ctx, sb, "found not running after a daemon restart; the next request starts it again"); err != nil {
+		msg := "found not running after a daemon restart; the next request starts it again"
+		if err := m.halt(ctx, sb, msg); err != nil {
 			log.Error("mark sandbox stopped", "err", err)
+			return
 		}
+		m.emit(ctx, sb, protocol.EventStopped, stopReason{Reason: protocol.StopCrash, Message: msg})
 	case Provisioning:
 		// The boot was interrupted: nothing of it can be trusted.
 		if err := errors.Join(
@@ -59,11 +62,15 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
 		}
 		if err := m.transition(ctx, sb, Failed, "daemon restarted during boot"); err != nil {
 			log.Error("mark sandbox failed", "err", err)
+			return
 		}
+		m.emit(ctx, sb, protocol.EventBootFailed, map[string]string{"error": sb.StatusMessage})
 	case Deleting:
 		if err := m.destroy(ctx, sb); err != nil {
 			log.Error("finish deleting sandbox", "err", err)
+			return
 		}
+		m.emit(ctx, sb, protocol.EventDeleted, map[string]string{"reason": "recovery"})
 	}
 }
 

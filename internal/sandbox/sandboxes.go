@@ -73,8 +73,9 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 }
 
 // bootNew boots recorded sandbox sb from sn in the background and, as
-// req asks, waits for it (see CreateSandbox).
+// req asks, waits for it (see CreateSandbox). Its record begins here.
 func (m *Manager) bootNew(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot, req protocol.CreateSandboxRequest) (*store.Sandbox, error) {
+	m.emit(ctx, sb, protocol.EventCreated, createdData(sb))
 	done := make(chan error, 1)
 	m.goBG(func() {
 		bctx := context.WithoutCancel(ctx) // the boot outlives a create that does not wait
@@ -192,7 +193,11 @@ func (m *Manager) StopSandbox(ctx context.Context, name string) (*store.Sandbox,
 	if statusOf(sb) == Stopped {
 		return sb, nil
 	}
-	return sb, m.halt(ctx, sb, "")
+	if err := m.halt(ctx, sb, ""); err != nil {
+		return sb, err
+	}
+	m.emit(ctx, sb, protocol.EventStopped, stopReason{Reason: protocol.StopAPI})
+	return sb, nil
 }
 
 // halt stops sb's processes and network, unmounts its rootfs and records it
@@ -277,7 +282,11 @@ func (m *Manager) DeleteSandbox(ctx context.Context, name string) error {
 		return err
 	}
 	defer unlock()
-	return m.destroy(ctx, sb)
+	if err := m.destroy(ctx, sb); err != nil {
+		return err
+	}
+	m.emit(ctx, sb, protocol.EventDeleted, map[string]string{"reason": "api"})
+	return nil
 }
 
 // destroy records sb deleting, removes its instance and data, then its
@@ -317,6 +326,8 @@ type Conn struct {
 	// Gone is closed when this instance of the sandbox stops or dies, so
 	// relayed streams end instead of hanging on a dead peer.
 	Gone <-chan struct{}
+	// WorkspaceID is the sandbox's workspace, for its audit record.
+	WorkspaceID string
 
 	id      string
 	m       *Manager
@@ -389,7 +400,7 @@ func (m *Manager) Dataplane(ctx context.Context, id string) (_ *Conn, err error)
 	// The proxy rules' dummy env_vars sit between the snapshot's layer and
 	// the sandbox's own, which may override them.
 	rc := sn.RunConfig.Layer(&protocol.RunConfig{EnvVars: protocol.ProxyEnvVars(sb.ProxyConfig)}).Layer(sb.RunConfig)
-	return &Conn{Agent: c, RunConfig: rc, Gone: gone, id: id, m: m, release: release}, nil
+	return &Conn{Agent: c, RunConfig: rc, Gone: gone, WorkspaceID: sb.WorkspaceID, id: id, m: m, release: release}, nil
 }
 
 // StatusMessage returns sandbox id's status message ("" if unknown), for

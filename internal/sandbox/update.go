@@ -47,8 +47,10 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 		}
 		defer release()
 	}
+	before := *sb
 	proxy := bytes.TrimSpace(req.ProxyConfig)
-	if len(proxy) > 0 && string(proxy) != "null" {
+	proxyChanged := len(proxy) > 0 && string(proxy) != "null"
+	if proxyChanged {
 		if err := requireStatus(sb, opProxy); err != nil {
 			return nil, err
 		}
@@ -77,6 +79,12 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	}
 	if req.FSCapacityBytes != nil && statusOf(sb) == Ready {
 		m.limitFS(ctx, sb.ID, sb.FSCapacityBytes)
+	}
+	if sb.Name != before.Name {
+		m.emit(ctx, sb, protocol.EventRenamed, map[string]string{"from": before.Name, "to": sb.Name})
+	}
+	if d := policyDiff(&before, req, proxyChanged); d != nil {
+		m.emit(ctx, sb, protocol.EventPolicyChanged, d)
 	}
 	return sb, nil
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"golang.org/x/sys/unix"
 )
 
@@ -57,12 +58,15 @@ func (m *Manager) died(ctx context.Context, id string, c *agent.Client) {
 	if cur, _ := m.instance(id); cur != c || statusOf(sb) != Ready {
 		return // stopped, deleted or restarted on purpose
 	}
-	msg := "sandbox exited unexpectedly; its files are kept and the next request starts it again"
+	msg, reason := "sandbox exited unexpectedly; its files are kept and the next request starts it again", protocol.StopCrash
 	if runtime.OOMKilled(runtimeID(id)) {
-		msg = "sandbox was killed for exceeding its memory limit (mem_bytes); its files are kept and the next request starts it again"
+		msg, reason = "sandbox was killed for exceeding its memory limit (mem_bytes); its files are kept and the next request starts it again", protocol.StopOOM
 	}
 	m.log.Warn("sandbox died", "sandbox", id, "name", sb.Name, "reason", msg)
 	if err := m.halt(ctx, sb, msg); err != nil {
 		m.log.Error("clean up dead sandbox", "sandbox", id, "err", err)
+		return
 	}
+	// The system stopped it, not whoever started the instance (ctx's caller).
+	m.emit(context.Background(), sb, protocol.EventStopped, stopReason{Reason: reason, Message: msg})
 }

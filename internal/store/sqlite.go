@@ -159,6 +159,35 @@ var migrations = []string{
 		max_snapshots INTEGER
 	);
 	CREATE INDEX IF NOT EXISTS sandboxes_ws_status ON sandboxes(workspace_id, status);`,
+	// 8: the per-sandbox audit record (internal/record) and captured
+	// command output. No foreign keys: records outlive their sandboxes.
+	// IF NOT EXISTS: tests roll the schema back to re-run migrations.
+	`CREATE TABLE IF NOT EXISTS audit_events (
+		sandbox_id TEXT NOT NULL,
+		seq INTEGER NOT NULL,
+		time TEXT NOT NULL,
+		workspace_id TEXT NOT NULL,
+		actor_user TEXT NOT NULL,
+		actor_key_prefix TEXT NOT NULL DEFAULT '',
+		kind TEXT NOT NULL,
+		type TEXT NOT NULL,
+		step INTEGER NOT NULL DEFAULT 0,
+		data TEXT,
+		PRIMARY KEY (sandbox_id, seq)
+	) WITHOUT ROWID;
+	CREATE INDEX IF NOT EXISTS audit_events_time ON audit_events(time);
+	CREATE TABLE IF NOT EXISTS audit_outputs (
+		sandbox_id TEXT NOT NULL,
+		step INTEGER NOT NULL,
+		stream TEXT NOT NULL,
+		head BLOB NOT NULL,
+		tail BLOB NOT NULL,
+		total_bytes INTEGER NOT NULL,
+		truncated INTEGER NOT NULL,
+		time TEXT NOT NULL,
+		PRIMARY KEY (sandbox_id, step, stream)
+	) WITHOUT ROWID;
+	CREATE INDEX IF NOT EXISTS audit_outputs_time ON audit_outputs(time);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

@@ -27,15 +27,15 @@ type ExecStreamResumeRequest struct {
 	StderrOffset int64  `json:"stderr_offset"`
 }
 
-// SSE event names.
+// SSE exec event names.
 const (
-	EventStarted     = "started"
-	EventStdout      = "stdout"
-	EventStderr      = "stderr"
-	EventStreamEnd   = "stream_end"
-	EventExit        = "exit"
-	EventAckRequired = "ack_required"
-	EventError       = "error"
+	SSEStarted     = "started"
+	SSEStdout      = "stdout"
+	SSEStderr      = "stderr"
+	SSEStreamEnd   = "stream_end"
+	SSEExit        = "exit"
+	SSEAckRequired = "ack_required"
+	SSEError       = "error"
 )
 
 // ErrServerShuttingDown is the error_type of an SSE error event the client
