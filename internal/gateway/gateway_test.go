@@ -127,6 +127,9 @@ func writeErr(ctx context.Context, w http.ResponseWriter, err error) {
 	http.Error(w, err.Error(), status)
 }
 
+// appCSP is the Content-Security-Policy backend's /app sets.
+const appCSP = "default-src 'self'"
+
 // backend echoes what it received as JSON, and WebSocket messages at /ws.
 func backend(t *testing.T) (port int) {
 	mux := http.NewServeMux()
@@ -145,6 +148,9 @@ func backend(t *testing.T) (port int) {
 		}
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/app" {
+			w.Header().Set("Content-Security-Policy", appCSP)
+		}
 		json.NewEncoder(w).Encode(map[string]any{"host": r.Host, "path": r.URL.Path, "query": r.URL.RawQuery, "header": r.Header})
 	})
 	ts := httptest.NewServer(mux)

@@ -120,8 +120,8 @@ func TestEmbedURL(t *testing.T) {
 	if resp.StatusCode != 200 || resp.Request.URL.Path != "/s/"+sb.ID+fmt.Sprintf("/%d/app", port) || resp.Request.URL.RawQuery != "x=1" {
 		t.Fatalf("embed post ended at %d %s", resp.StatusCode, resp.Request.URL)
 	}
-	if got := resp.Header.Get("Content-Security-Policy"); got != "frame-ancestors https://app.example http://localhost:3000" {
-		t.Errorf("CSP %q", got)
+	if got := resp.Header.Values("Content-Security-Policy"); len(got) != 2 || got[0] != "default-src 'self'" || got[1] != "frame-ancestors https://app.example http://localhost:3000" {
+		t.Errorf("CSP %q, want the app's own and the gateway's", got)
 	}
 	for name, form := range map[string]url.Values{
 		"no embed origins": {"token": {mustIssue(t, g, sb, port)}},

@@ -271,11 +271,13 @@ func rewrite(pr *httputil.ProxyRequest) {
 }
 
 // modifyResponse removes the gateway's cookie from a service's response
-// and sets who may frame it: the token's embed origins, else nobody.
+// and says who may frame it: the token's embed origins, else nobody. The
+// policy is added beside the service's own (a browser enforces each), so
+// the service keeps its CSP and may only narrow the framing further.
 func modifyResponse(resp *http.Response) error {
 	fw, _ := resp.Request.Context().Value(forwardKey{}).(*forward)
 	if fw != nil {
-		resp.Header.Set("Content-Security-Policy", frameAncestors(fw.embed))
+		resp.Header.Add("Content-Security-Policy", frameAncestors(fw.embed))
 	}
 	return stripGatewayCookies(resp)
 }
