@@ -64,6 +64,7 @@ func testEgressCredentials(t *testing.T, rt string) {
 	// STS: AssumeRole signed with the base keys answers temporary ones.
 	var stsCalls, tokenCalls, cbCalls atomic.Int32
 	var sandboxID atomic.Value // the sandbox's id, once created
+	var lastCallback atomic.Value // [2]string{body, signature}
 	stsVerifier := &sigv4Server{creds: aws.Credentials{AccessKeyID: baseAK, SecretAccessKey: baseSK}, scopes: map[string][2]string{stsHost: {"sts", "us-east-1"}}}
 	e.in.route(stsHost, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		stsCalls.Add(1)
@@ -117,6 +118,7 @@ func testEgressCredentials(t *testing.T, rt string) {
 	e.in.route(callbackHost, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cbCalls.Add(1)
 		body, _ := io.ReadAll(r.Body)
+		lastCallback.Store([2]string{string(body), r.Header.Get("X-LangSmith-Signature-JWT")})
 		claims, err := jwtkeystest.Verify(jwks, r.Header.Get("X-LangSmith-Signature-JWT"), cbURL)
 		sum := sha256.Sum256(body)
 		if err != nil || claims["sub"] != "langsmith-sandbox-callback" || claims["body_sha256"] != hex.EncodeToString(sum[:]) {
@@ -174,6 +176,14 @@ func testEgressCredentials(t *testing.T, rt string) {
 		}
 		if n := cbCalls.Load(); n != 1 {
 			t.Errorf("callback called %d times, want 1 (ttl_seconds)", n)
+		}
+		last := lastCallback.Load().([2]string)
+		out := runNodeScript(t, "verify-callback.mjs", "LANGSMITH_ENDPOINT="+e.d.Endpoint, "CALLBACK_URL="+cbURL, "CALLBACK_BODY="+last[0], "CALLBACK_SIGNATURE="+last[1])
+		if want := fmt.Sprintf("real: OK host=%s port=443 sandbox=%s tenant=default", cbAPIHost, sb.ID); !strings.Contains(out, want) {
+			t.Errorf("the official verifier did not accept the callback (want %q)", want)
+		}
+		if !strings.Contains(out, "tampered: REJECTED body does not match signature") {
+			t.Errorf("the official verifier accepted a tampered callback body")
 		}
 	})
 	t.Run("env vars", func(t *testing.T) {

@@ -16,6 +16,32 @@ import (
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
+// runNodeScript runs testdata/<script> with the official npm client 0.12
+// and env, and returns its output.
+func runNodeScript(t *testing.T, script string, env ...string) string {
+	t.Helper()
+	dir := npmDirVersion(t, "0.12", false)
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "test", "e2e", "testdata", script))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(dir, script)
+	if err := os.WriteFile(dst, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", dst)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s:\n%s", script, out)
+	if err != nil {
+		t.Fatalf("%s: %v", script, err)
+	}
+	return string(out)
+}
+
 // cgiEnv parses the env dump of envCGI.
 func cgiEnv(body string) map[string]string {
 	out := map[string]string{}
@@ -109,29 +135,11 @@ func testServiceIdentity(t *testing.T, rt string) {
 	}
 
 	t.Run("official verifier", func(t *testing.T) {
-		dir := npmDirVersion(t, "0.12", false)
-		script := filepath.Join(dir, "verify-user-token.mjs")
-		data, err := os.ReadFile(filepath.Join(repoRoot(t), "test", "e2e", "testdata", "verify-user-token.mjs"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(script, data, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithTimeout(ctx, time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "node", script)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "LANGSMITH_ENDPOINT="+f.d.Endpoint, "USER_TOKEN="+token, "FORGED_TOKEN="+forge(t, token), "AUDIENCE="+host)
-		out, err := cmd.CombinedOutput()
-		t.Logf("verifier:\n%s", out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := "real: OK sub=" + uma.ID + " email=uma@example.com name=Uma"; !strings.Contains(string(out), want) {
+		out := runNodeScript(t, "verify-user-token.mjs", "LANGSMITH_ENDPOINT="+f.d.Endpoint, "USER_TOKEN="+token, "FORGED_TOKEN="+forge(t, token), "AUDIENCE="+host)
+		if want := "real: OK sub=" + uma.ID + " email=uma@example.com name=Uma"; !strings.Contains(out, want) {
 			t.Errorf("the official verifier did not accept the gateway's token (want %q)", want)
 		}
-		if !strings.Contains(string(out), "forged: REJECTED invalid signature") {
+		if !strings.Contains(out, "forged: REJECTED invalid signature") {
 			t.Errorf("the official verifier did not reject a forged token")
 		}
 	})
