@@ -63,7 +63,7 @@ func testEgressCredentials(t *testing.T, rt string) {
 
 	// STS: AssumeRole signed with the base keys answers temporary ones.
 	var stsCalls, tokenCalls, cbCalls atomic.Int32
-	var sandboxID atomic.Value // the sandbox's id, once created
+	var sandboxID atomic.Value    // the sandbox's id, once created
 	var lastCallback atomic.Value // [2]string{body, signature}
 	stsVerifier := &sigv4Server{creds: aws.Credentials{AccessKeyID: baseAK, SecretAccessKey: baseSK}, scopes: map[string][2]string{stsHost: {"sts", "us-east-1"}}}
 	e.in.route(stsHost, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
