@@ -377,20 +377,28 @@ func (f *fakeImages) GC(_ context.Context, inUse []string) (image.GCResult, erro
 }
 
 // fakeGateway mints fixed links and accepts the token "good".
-type fakeGateway struct{ ttl time.Duration }
+type fakeGateway struct {
+	ttl   time.Duration
+	embed []string
+}
 
 func (g *fakeGateway) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(http.StatusTeapot)
 }
 func (g *fakeGateway) OwnsHost(host string) bool { return strings.HasSuffix(host, ".svc.test") }
 
-func (g *fakeGateway) IssueService(_ context.Context, sb *store.Sandbox, port int, ttl time.Duration) (gateway.ServiceLink, error) {
-	g.ttl = ttl
-	return gateway.ServiceLink{ServiceURL: fmt.Sprintf("http://%s-%d.svc.test", sb.ID, port), BrowserURL: "http://b", Token: "tok",
-		ExpiresAt: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}, nil
+func (g *fakeGateway) IssueService(_ context.Context, sb *store.Sandbox, port int, ttl time.Duration, embed []string) (gateway.ServiceLink, error) {
+	g.ttl, g.embed = ttl, embed
+	l := gateway.ServiceLink{ServiceURL: fmt.Sprintf("http://%s-%d.svc.test", sb.ID, port), BrowserURL: "http://b", Token: "tok",
+		ExpiresAt: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	if len(embed) > 0 {
+		l.EmbedURL = "http://embed"
+	}
+	return l, nil
 }
 
-func (g *fakeGateway) GrantLogin(_ context.Context, sb *store.Sandbox, port int, access string) gateway.LoginLink {
+func (g *fakeGateway) GrantLogin(_ context.Context, sb *store.Sandbox, port int, access string, embed []string) gateway.LoginLink {
+	g.embed = embed
 	return gateway.LoginLink{ServiceURL: "http://s", BrowserURL: "http://login", Access: access}
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accesslog"
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
+	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/record"
 	"github.com/cubicle-dev/cubicle/internal/telemetry"
 )
@@ -47,6 +48,9 @@ type Server struct {
 	ident Identity
 	// access records the access audit (access.go).
 	access accesslog.Recorder
+	// jwks is the identity-signing public key set; nil without WithJWKS,
+	// and then /.well-known/jwks.json does not exist.
+	jwks *jwtkeys.JWKS
 	// tel instruments every route and exec (WithTelemetry; default
 	// telemetry.Discard).
 	tel *telemetry.Telemetry
@@ -70,6 +74,18 @@ func WithGateway(gw *gateway.Gateway) Option {
 	return func(s *Server) {
 		if gw != nil {
 			s.gw = gw
+		}
+	}
+}
+
+// WithJWKS serves signer's public keys at GET /.well-known/jwks.json,
+// unauthenticated: the clients' SandboxTokenVerifier checks the gateway's
+// user tokens and the proxy's callback signatures against them.
+func WithJWKS(signer *jwtkeys.Signer) Option {
+	return func(s *Server) {
+		if signer != nil {
+			set := signer.JWKS()
+			s.jwks = &set
 		}
 	}
 }
@@ -153,6 +169,12 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	s.registerRecordRoutes()
 	s.registerReplayRoutes()
 	s.registerShareRoutes()
+	if s.jwks != nil {
+		s.mux.HandleFunc("GET /.well-known/jwks.json", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Cache-Control", "public, max-age=300")
+			writeJSON(w, http.StatusOK, s.jwks)
+		})
+	}
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "runtime": mgr.Runtime(), "storage": mgr.StorageBackend()})
 	})

@@ -2,8 +2,12 @@ package api
 
 import (
 	"context"
+	"crypto/ed25519"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +15,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
@@ -400,6 +405,9 @@ func TestLinks(t *testing.T) {
 		{`{"port":80,"access":"workspace","expires_in_seconds":5}`, "body/expires_in_seconds"},
 		{`{"port":80,"expires_in_seconds":0}`, "body/expires_in_seconds"},
 		{`{"port":80,"expires_in_seconds":999999999}`, "body/expires_in_seconds"},
+		{`{"port":80,"embed_origins":["http://evil.example"]}`, "body/embed_origins[0]"},
+		{`{"port":80,"embed_origins":["https://a.example/path"]}`, "body/embed_origins[0]"},
+		{`{"port":80,"embed_origins":["https://a","https://b","https://c","https://d","https://e","https://f"]}`, "body/embed_origins"},
 	} {
 		st, body := ta.do(t, "POST", "/v2/sandboxes/boxes/bobs/service-url", memberKey, c.body)
 		if loc, _ := validation(body); st != 422 || loc != c.loc {
@@ -409,6 +417,13 @@ func TestLinks(t *testing.T) {
 	st, body := ta.do(t, "POST", "/v2/sandboxes/boxes/bobs/service-url", memberKey, `{"port":8080}`)
 	if st != 200 || field(body, "token") != "tok" || field(body, "expires_at") != "2030-01-01T00:00:00Z" || ta.gw.ttl != defaultServiceTTL {
 		t.Fatalf("service-url: %d %v (ttl %v)", st, body, ta.gw.ttl)
+	}
+	if field(body, "embed_url") != nil {
+		t.Fatalf("embed_url without embed_origins: %v", body)
+	}
+	st, body = ta.do(t, "POST", "/v2/sandboxes/boxes/bobs/service-url", memberKey, `{"port":8080,"embed_origins":["https://App.example:8443/","http://localhost:3000","https://app.example:8443"]}`)
+	if st != 200 || field(body, "embed_url") != "http://embed" || fmt.Sprint(ta.gw.embed) != "[https://app.example:8443 http://localhost:3000]" {
+		t.Fatalf("service-url with embed_origins: %d %v (gateway got %v)", st, body, ta.gw.embed)
 	}
 	if st, body = ta.do(t, "POST", "/v2/sandboxes/boxes/bobs/service-url", memberKey, `{"port":8080,"access":"restricted"}`); st != 200 || field(body, "access") != "restricted" || field(body, "token") != nil {
 		t.Fatalf("login-mode service-url: %d %v", st, body)
@@ -571,3 +586,29 @@ func TestStartRestoreMemory(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestJWKS: the identity public key is served without an API key, in the
+// shape the clients' SandboxTokenVerifier reads.
+func TestJWKS(t *testing.T) {
+	_, priv, _ := ed25519.GenerateKey(nil)
+	signer, err := jwtkeys.New(priv, "http://api.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New(newFakeSandboxes(), fakeAuth{}, &fakeImages{}, "http://api.test/", slog.New(slog.DiscardHandler), WithJWKS(signer))
+	rec := httptest.NewRecorder()
+	srv.ServeHTTP(rec, httptest.NewRequest("GET", "/.well-known/jwks.json", nil))
+	var set struct {
+		Keys []map[string]string `json:"keys"`
+	}
+	if rec.Code != 200 || json.Unmarshal(rec.Body.Bytes(), &set) != nil || len(set.Keys) != 1 {
+		t.Fatalf("jwks: %d %s", rec.Code, rec.Body)
+	}
+	k := set.Keys[0]
+	if k["kty"] != "OKP" || k["crv"] != "Ed25519" || k["kid"] != signer.KeyID() || k["x"] != base64.RawURLEncoding.EncodeToString(priv.Public().(ed25519.PublicKey)) {
+		t.Fatalf("jwk %v", k)
+	}
+	if st, _ := newTestAPI(t, false).do(t, "GET", "/.well-known/jwks.json", "", nil); st != 404 {
+		t.Fatalf("jwks without WithJWKS: %d, want 404", st)
+	}
+}

@@ -2,7 +2,11 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
@@ -31,20 +35,53 @@ func (s *Server) serviceURL(r *http.Request, req protocol.ServiceURLRequest) (pr
 	if err != nil {
 		return protocol.ServiceURLResponse{}, err
 	}
+	embed, err := normalizeEmbedOrigins(req.EmbedOrigins)
+	if err != nil {
+		return protocol.ServiceURLResponse{}, err
+	}
 	sb, err := s.mgr.GetSandbox(r.Context(), r.PathValue("name"))
 	if err != nil {
 		return protocol.ServiceURLResponse{}, err
 	}
 	if req.Access != "" {
-		l := s.gw.GrantLogin(r.Context(), sb, req.Port, req.Access)
-		return protocol.ServiceURLResponse{ServiceURL: l.ServiceURL, BrowserURL: l.BrowserURL, Access: l.Access}, nil
+		l := s.gw.GrantLogin(r.Context(), sb, req.Port, req.Access, embed)
+		return protocol.ServiceURLResponse{ServiceURL: l.ServiceURL, BrowserURL: l.BrowserURL, Access: l.Access, EmbedOrigins: embed}, nil
 	}
-	l, err := s.gw.IssueService(r.Context(), sb, req.Port, ttl)
+	l, err := s.gw.IssueService(r.Context(), sb, req.Port, ttl, embed)
 	if err != nil {
 		return protocol.ServiceURLResponse{}, err
 	}
 	return protocol.ServiceURLResponse{ServiceURL: l.ServiceURL, BrowserURL: l.BrowserURL,
-		Token: l.Token, ExpiresAt: l.ExpiresAt.Format(time.RFC3339)}, nil
+		Token: l.Token, ExpiresAt: l.ExpiresAt.Format(time.RFC3339), EmbedURL: l.EmbedURL, EmbedOrigins: embed}, nil
+}
+
+// maxEmbedOrigins is how many origins one service URL may name.
+const maxEmbedOrigins = 5
+
+// normalizeEmbedOrigins checks embed_origins (each https://host[:port],
+// http only for localhost; no path, query or credentials) and returns
+// them as origins, without duplicates.
+func normalizeEmbedOrigins(in []string) ([]string, error) {
+	if len(in) > maxEmbedOrigins {
+		return nil, errdefs.Field("embed_origins", "at most %d origins", maxEmbedOrigins)
+	}
+	var out []string
+	for i, o := range in {
+		u, err := url.Parse(strings.TrimRight(strings.TrimSpace(o), "/"))
+		field := fmt.Sprintf("embed_origins[%d]", i)
+		if err != nil || u.Host == "" || u.User != nil || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || strings.ContainsAny(u.Host, " ;,'\"") {
+			return nil, errdefs.Field(field, "%q is not an origin (scheme://host[:port])", o)
+		}
+		local := u.Hostname() == "localhost" || u.Hostname() == "127.0.0.1" || u.Hostname() == "::1"
+		if u.Scheme != "https" && !(u.Scheme == "http" && local) {
+			return nil, errdefs.Field(field, "%q must be https (http only for localhost)", o)
+		}
+		origin := strings.ToLower(u.Scheme + "://" + u.Host)
+		if !slices.Contains(out, origin) {
+			out = append(out, origin)
+		}
+	}
+	return out, nil
 }
 
 // validateServiceURL checks a service-url request and returns the token

@@ -79,8 +79,8 @@ type Images interface {
 type Gateway interface {
 	http.Handler
 	OwnsHost(host string) bool
-	IssueService(ctx context.Context, sb *store.Sandbox, port int, ttl time.Duration) (gateway.ServiceLink, error)
-	GrantLogin(ctx context.Context, sb *store.Sandbox, port int, access string) gateway.LoginLink
+	IssueService(ctx context.Context, sb *store.Sandbox, port int, ttl time.Duration, embed []string) (gateway.ServiceLink, error)
+	GrantLogin(ctx context.Context, sb *store.Sandbox, port int, access string, embed []string) gateway.LoginLink
 	IssueDownload(ctx context.Context, sb *store.Sandbox, path, contentType, disposition string, ttl time.Duration) (gateway.DownloadLink, error)
 	VerifyDownload(token string) (gateway.Claims, error)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/miekg/dns"
 	"github.com/spf13/pflag"
 
+	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -27,6 +28,8 @@ type egressFlags struct {
 	caFiles  []string
 	resolve  []string
 	maxConns int
+	// stsEndpoint overrides AWS STS for role_arn rules (tests use a fake).
+	stsEndpoint string
 }
 
 func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
@@ -36,6 +39,8 @@ func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
 		"PEM file of extra CA certificates the egress proxy trusts for upstream TLS, besides the host's (repeatable)")
 	fl.IntVar(&f.maxConns, "egress-max-conns-per-sandbox", 512,
 		"connections one sandbox may hold open through the egress proxy at once (more are reset)")
+	fl.StringVar(&f.stsEndpoint, "egress-sts-endpoint", "",
+		"AWS STS endpoint the egress proxy assumes aws.role_arn roles through (default: the regional STS endpoint of the rule's region, else https://sts.amazonaws.com)")
 	fl.StringSliceVar(&f.resolve, "egress-resolve", nil,
 		"NAME=IPv4: resolve NAME to IPv4 in the egress proxy instead of DNS (repeatable; for tests and split-horizon setups)")
 }
@@ -43,7 +48,7 @@ func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
 // newEgress starts the egress proxy and opens the workspace secrets vault.
 // The daemon's resolver for proxied sandboxes forwards to hostResolv's
 // nameservers.
-func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, netmgr *network.Manager, box *secrets.Box, meter proxy.Meter, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
+func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, netmgr *network.Manager, box *secrets.Box, ids *jwtkeys.Signer, meter proxy.Meter, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
 	vault, err := secrets.OpenVault(box, filepath.Join(dataDir, "workspace-secrets.json"))
 	if err != nil {
 		return nil, nil, err
@@ -56,6 +61,7 @@ func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, n
 		Network: netmgr, CADir: filepath.Join(dataDir, "ca"), Listen: f.listen,
 		Secrets: vault, Forbidden: []netip.Prefix{netmgr.Pool()}, Logger: log, Meter: meter,
 		Resolve: map[string]netip.Addr{}, Upstreams: upstreams, MaxConnsPerSandbox: f.maxConns,
+		Identity: ids, STSEndpoint: f.stsEndpoint,
 	}
 	for _, p := range f.caFiles {
 		b, err := os.ReadFile(p)

@@ -19,6 +19,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/identity"
 	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/record"
 	"github.com/cubicle-dev/cubicle/internal/registry"
@@ -209,7 +210,32 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	registries := registry.New(st, box)
-	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, tel, log)
+	// Listening starts here (connections wait in the backlog until the
+	// API serves) because the public URL is the identity tokens' issuer,
+	// which the egress proxy's callback signatures need.
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", f.listen, err)
+	}
+	defer ln.Close() // for an early return; Serve closes it too
+	public := f.publicURL
+	if public == "" {
+		public = "http://" + ln.Addr().String()
+	}
+	keyPath := filepath.Join(f.dataDir, "identity-ed25519.key")
+	identityKey, err := jwtkeys.LoadOrCreate(ctx, keyPath, log)
+	if err != nil {
+		return err
+	}
+	retired, err := jwtkeys.LoadRetired(keyPath + ".old")
+	if err != nil {
+		return err
+	}
+	idSigner, err := jwtkeys.New(identityKey, public, retired...)
+	if err != nil {
+		return err
+	}
+	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, idSigner, tel, log)
 	if err != nil {
 		return err
 	}
@@ -236,16 +262,8 @@ func serve(ctx context.Context, f serveFlags) error {
 	} else if _, err := images.GC(ctx, inUse); err != nil {
 		log.Warn("image gc at start", "err", err)
 	}
-	ln, err := net.Listen("tcp", f.listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", f.listen, err)
-	}
-	public := f.publicURL
-	if public == "" {
-		public = "http://" + ln.Addr().String()
-	}
 	authn := auth.New(st)
-	gw, err := newGateway(ctx, f, public, mgr, authn, log)
+	gw, err := newGateway(ctx, f, public, mgr, authn, st, idSigner, log)
 	if err != nil {
 		return err
 	}
@@ -258,7 +276,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	defer access.Close()
 	ident := identity.New(st, authn, access)
 	ident.CutSessionsWith(mgr.CutPrincipals) // a revoked key's open streams end at once
-	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithExecOutputLimit(f.execOutputLimit),
+	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithJWKS(idSigner), api.WithExecOutputLimit(f.execOutputLimit),
 		api.WithIdentity(ident), api.WithAccessLog(access), api.WithTelemetry(tel),
 		api.WithRateLimit(f.rateLimit), api.WithRecorder(rec))
 	handler.EnableRegistries(registries)

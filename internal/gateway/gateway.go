@@ -40,6 +40,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
@@ -64,6 +65,11 @@ type Authenticator interface {
 	Authenticate(ctx context.Context, key string) (auth.Principal, error)
 }
 
+// Users is what the gateway needs from the identity store.
+type Users interface {
+	GetUser(ctx context.Context, workspaceID, id string) (*store.User, error)
+}
+
 // ErrorWriter writes err as an HTTP error response.
 type ErrorWriter func(ctx context.Context, w http.ResponseWriter, err error)
 
@@ -80,6 +86,11 @@ type Config struct {
 	Auth          Authenticator
 	WriteError    ErrorWriter
 	Logger        *slog.Logger
+	// Identity signs the X-Langsmith-User-Token of login-mode requests
+	// (nil: no token is set, the id and email headers still are).
+	Identity *jwtkeys.Signer
+	// Users looks up a logged-in user's name and email (nil: id only).
+	Users Users
 	// LoginTTL is how long a browser login to a login-mode service lasts
 	// (default DefaultLoginTTL).
 	LoginTTL time.Duration
@@ -105,8 +116,9 @@ type Gateway struct {
 	proxy  *httputil.ReverseProxy
 
 	mu      sync.Mutex
-	grants  map[grantKey]string // → protocol.Access*
-	targets map[string]*target  // by sandbox id
+	grants  map[grantKey]string   // → protocol.Access*
+	embeds  map[grantKey][]string // a login grant's embed origins
+	targets map[string]*target    // by sandbox id
 	// sessions are the open requests (WebSockets included) of login
 	// sessions, each with the cancel that ends it; Reauthorize re-admits
 	// them.
@@ -141,7 +153,7 @@ func New(cfg Config) (*Gateway, error) {
 	if domain != "" && !hostnameRE.MatchString(domain) {
 		return nil, fmt.Errorf("gateway: service domain %q is not a hostname: %w", cfg.ServiceDomain, errdefs.ErrInvalid)
 	}
-	g := &Gateway{cfg: cfg, public: pub, domain: domain, grants: map[grantKey]string{}, targets: map[string]*target{},
+	g := &Gateway{cfg: cfg, public: pub, domain: domain, grants: map[grantKey]string{}, embeds: map[grantKey][]string{}, targets: map[string]*target{},
 		sessions: map[*Claims]context.CancelFunc{}}
 	g.proxy = g.newProxy()
 	return g, nil
@@ -165,7 +177,7 @@ func (g *Gateway) newProxy() *httputil.ReverseProxy {
 	}
 	return &httputil.ReverseProxy{
 		Rewrite:        rewrite,
-		ModifyResponse: stripGatewayCookies,
+		ModifyResponse: modifyResponse,
 		Transport:      tr,
 		FlushInterval:  -1,
 		ErrorLog:       slog.NewLogLogger(g.cfg.Logger.Handler(), slog.LevelDebug),
@@ -181,11 +193,15 @@ type ServiceLink struct {
 	BrowserURL string
 	Token      string
 	ExpiresAt  time.Time
+	// EmbedURL is set when embed origins were given: the page to load in
+	// an iframe (the token rides its fragment).
+	EmbedURL string
 }
 
-// IssueService mints a token for port of sb valid for ttl. It fails with
-// errdefs.ErrConflict while a login grant is active on that port.
-func (g *Gateway) IssueService(ctx context.Context, sb *store.Sandbox, port int, ttl time.Duration) (ServiceLink, error) {
+// IssueService mints a token for port of sb valid for ttl; the origins in
+// embed (normalized origins) may frame it. It
+// fails with errdefs.ErrConflict while a login grant is active on that port.
+func (g *Gateway) IssueService(ctx context.Context, sb *store.Sandbox, port int, ttl time.Duration, embed []string) (ServiceLink, error) {
 	g.mu.Lock()
 	access, granted := g.grants[grantKey{sb.ID, port}]
 	g.mu.Unlock()
@@ -193,12 +209,16 @@ func (g *Gateway) IssueService(ctx context.Context, sb *store.Sandbox, port int,
 		return ServiceLink{}, fmt.Errorf("port %d of sandbox %s has %s login access; token URLs are not issued for it: %w", port, sb.Name, access, errdefs.ErrConflict)
 	}
 	exp := time.Now().Add(ttl).Truncate(time.Second)
-	tok, err := g.cfg.Signer.Sign(Claims{Audience: AudienceService, Workspace: sb.WorkspaceID, Sandbox: sb.ID, Port: port, Expires: exp.Unix()})
+	tok, err := g.cfg.Signer.Sign(Claims{Audience: AudienceService, Workspace: sb.WorkspaceID, Sandbox: sb.ID, Port: port, Expires: exp.Unix(), Embed: embed})
 	if err != nil {
 		return ServiceLink{}, err
 	}
 	base := g.serviceBase(sb, port)
-	return ServiceLink{ServiceURL: base, BrowserURL: base + "/?token=" + url.QueryEscape(tok), Token: tok, ExpiresAt: exp.UTC()}, nil
+	l := ServiceLink{ServiceURL: base, BrowserURL: base + "/?token=" + url.QueryEscape(tok), Token: tok, ExpiresAt: exp.UTC()}
+	if len(embed) > 0 {
+		l.EmbedURL = g.public.String() + embedPath + "#token=" + url.QueryEscape(tok)
+	}
+	return l, nil
 }
 
 // LoginLink is a login-mode service URL.
@@ -209,11 +229,12 @@ type LoginLink struct {
 }
 
 // GrantLogin gives port of sb login-mode access (protocol.AccessRestricted
-// or AccessWorkspace), replacing any earlier grant. Grants live in memory:
-// they end when the daemon restarts.
-func (g *Gateway) GrantLogin(ctx context.Context, sb *store.Sandbox, port int, access string) LoginLink {
+// or AccessWorkspace) and the origins that may frame it, replacing any
+// earlier grant. Grants live in memory: they end when the daemon restarts.
+func (g *Gateway) GrantLogin(ctx context.Context, sb *store.Sandbox, port int, access string, embed []string) LoginLink {
 	g.mu.Lock()
 	g.grants[grantKey{sb.ID, port}] = access
+	g.embeds[grantKey{sb.ID, port}] = embed
 	g.mu.Unlock()
 	q := url.Values{"sandbox": {sb.ID}, "port": {strconv.Itoa(port)}}
 	return LoginLink{ServiceURL: g.serviceBase(sb, port), BrowserURL: g.public.String() + "/s/login?" + q.Encode(), Access: access}
@@ -225,6 +246,13 @@ func (g *Gateway) grant(id string, port int) (string, bool) {
 	defer g.mu.Unlock()
 	a, ok := g.grants[grantKey{id, port}]
 	return a, ok
+}
+
+// grantEmbed returns the embed origins of (id, port)'s login grant.
+func (g *Gateway) grantEmbed(id string, port int) []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.embeds[grantKey{id, port}]
 }
 
 // DownloadLink is a minted download link.
@@ -347,6 +375,7 @@ func (g *Gateway) forget(id string) {
 	for k := range g.grants {
 		if k.sandbox == id {
 			delete(g.grants, k)
+			delete(g.embeds, k)
 		}
 	}
 }

@@ -151,6 +151,9 @@ func writeErr(ctx context.Context, w http.ResponseWriter, err error) {
 	http.Error(w, err.Error(), status)
 }
 
+// appCSP is the Content-Security-Policy backend's /app sets.
+const appCSP = "default-src 'self'"
+
 // backend echoes what it received as JSON, and WebSocket messages at /ws.
 func backend(t *testing.T) (port int) {
 	mux := http.NewServeMux()
@@ -169,7 +172,10 @@ func backend(t *testing.T) (port int) {
 		}
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Path, "query": r.URL.RawQuery, "header": r.Header})
+		if r.URL.Path == "/app" {
+			w.Header().Set("Content-Security-Policy", appCSP)
+		}
+		json.NewEncoder(w).Encode(map[string]any{"host": r.Host, "path": r.URL.Path, "query": r.URL.RawQuery, "header": r.Header})
 	})
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
@@ -195,6 +201,7 @@ func newTestGateway(t *testing.T, domain string) (*Gateway, *httptest.Server, *s
 }
 
 type echo struct {
+	Host   string
 	Path   string
 	Query  string
 	Header http.Header
@@ -223,7 +230,7 @@ func get(t *testing.T, c *http.Client, u string, hdr http.Header) (*http.Respons
 func TestServiceTokenPathForm(t *testing.T) {
 	port := backend(t)
 	g, _, sb := newTestGateway(t, "")
-	link, err := g.IssueService(context.Background(), sb, port, time.Minute)
+	link, err := g.IssueService(context.Background(), sb, port, time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +249,7 @@ func TestServiceTokenPathForm(t *testing.T) {
 		t.Errorf("X-Forwarded-Prefix = %q", e.Header.Get("X-Forwarded-Prefix"))
 	}
 	// Wrong port, no token, bad token, other sandbox.
-	other, _ := g.IssueService(context.Background(), sb, port+1, time.Minute)
+	other, _ := g.IssueService(context.Background(), sb, port+1, time.Minute, nil)
 	for name, h := range map[string]http.Header{
 		"none":       nil,
 		"garbage":    {protocol.ServiceTokenHeader: {"nope"}},
@@ -261,7 +268,7 @@ func TestServiceTokenPathForm(t *testing.T) {
 func TestBrowserURLSetsCookie(t *testing.T) {
 	port := backend(t)
 	g, _, sb := newTestGateway(t, "")
-	link, _ := g.IssueService(context.Background(), sb, port, time.Minute)
+	link, _ := g.IssueService(context.Background(), sb, port, time.Minute, nil)
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar}
 	resp, e := get(t, c, link.BrowserURL, nil)
@@ -283,7 +290,7 @@ func TestBrowserURLSetsCookie(t *testing.T) {
 func TestHostFormAndWebSocket(t *testing.T) {
 	port := backend(t)
 	g, ts, sb := newTestGateway(t, "svc.test")
-	link, _ := g.IssueService(context.Background(), sb, port, time.Minute)
+	link, _ := g.IssueService(context.Background(), sb, port, time.Minute, nil)
 	want := fmt.Sprintf("box--%d.svc.test", port)
 	if !strings.Contains(link.ServiceURL, want) {
 		t.Fatalf("service URL %s lacks host %s", link.ServiceURL, want)
@@ -314,8 +321,8 @@ func TestHostFormAndWebSocket(t *testing.T) {
 func TestLoginMode(t *testing.T) {
 	port := backend(t)
 	g, _, sb := newTestGateway(t, "")
-	ll := g.GrantLogin(context.Background(), sb, port, protocol.AccessRestricted)
-	if _, err := g.IssueService(context.Background(), sb, port, time.Minute); !errors.Is(err, errdefs.ErrConflict) {
+	ll := g.GrantLogin(context.Background(), sb, port, protocol.AccessRestricted, nil)
+	if _, err := g.IssueService(context.Background(), sb, port, time.Minute, nil); !errors.Is(err, errdefs.ErrConflict) {
 		t.Fatalf("token mode on a login port: %v, want conflict", err)
 	}
 	var session *http.Client
@@ -366,7 +373,7 @@ func TestLoginMode(t *testing.T) {
 	if r, _ := get(t, session, ll.ServiceURL+"/after", nil); r.StatusCode != http.StatusNotFound {
 		t.Errorf("session after revocation: %d, want 404", r.StatusCode)
 	}
-	g.GrantLogin(context.Background(), sb, port, protocol.AccessWorkspace)
+	g.GrantLogin(context.Background(), sb, port, protocol.AccessWorkspace, nil)
 	if code, _ := login("bob-key"); code != 200 {
 		t.Errorf("workspace, other user: %d, want 200", code)
 	}
@@ -407,7 +414,7 @@ func TestStreamingFlushes(t *testing.T) {
 	_, p, _ := net.SplitHostPort(ts.Listener.Addr().String())
 	port, _ := strconv.Atoi(p)
 	g, _, sb := newTestGateway(t, "")
-	link, _ := g.IssueService(context.Background(), sb, port, time.Minute)
+	link, _ := g.IssueService(context.Background(), sb, port, time.Minute, nil)
 	req, _ := http.NewRequest(http.MethodGet, link.ServiceURL+"/events", nil)
 	req.Header.Set(protocol.ServiceTokenHeader, link.Token)
 	resp, err := http.DefaultClient.Do(req)
@@ -448,7 +455,7 @@ func TestHostileServiceCannotPlantTokenCookie(t *testing.T) {
 			w.Header().Add("Set-Cookie", c)
 		}
 		w.Header().Add("Set-Cookie", "app=1; Path=/")
-		json.NewEncoder(w).Encode(map[string]any{"path": r.URL.Path, "header": r.Header})
+		json.NewEncoder(w).Encode(map[string]any{"host": r.Host, "path": r.URL.Path, "header": r.Header})
 	})
 	hostile := httptest.NewServer(mux)
 	defer hostile.Close()
@@ -457,7 +464,7 @@ func TestHostileServiceCannotPlantTokenCookie(t *testing.T) {
 	g, _, sb := newTestGateway(t, "")
 	other := &store.Sandbox{ID: "7c0d2a51-aaaa-4bbb-8ccc-ddddeeeeffff", Name: "other", WorkspaceID: "w", CreatedBy: "alice"}
 	g.cfg.Sandboxes.(*fakeSandboxes).sbs[other.ID] = other
-	link, err := g.IssueService(context.Background(), sb, port, time.Minute)
+	link, err := g.IssueService(context.Background(), sb, port, time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

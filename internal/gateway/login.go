@@ -28,7 +28,6 @@ func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Referrer-Policy", "no-referrer")
-	w.Header().Set("X-Frame-Options", "DENY")
 	key := r.Header.Get("X-Api-Key")
 	switch r.Method {
 	case http.MethodGet:
@@ -53,9 +52,13 @@ func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
 		g.cfg.WriteError(ctx, w, errdefs.Field("port", "login needs ?sandbox=<id or name>&port=<1..65535>"))
 		return
 	}
+	// Only the origins a grant names may frame its login (the login URL
+	// names the sandbox by id); nobody else.
+	framing := frameAncestors(g.grantEmbed(ref, port))
+	w.Header().Set("Content-Security-Policy", framing)
 	if key == "" && r.Method == http.MethodGet {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "+framing)
 		_ = loginPage.Execute(w, map[string]any{"Sandbox": ref, "Port": port})
 		return
 	}
@@ -75,8 +78,19 @@ func (g *Gateway) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	exp := time.Now().Add(g.cfg.LoginTTL).Truncate(time.Second)
-	tok, err := g.cfg.Signer.Sign(Claims{Audience: AudienceService, Workspace: sb.WorkspaceID, Sandbox: sb.ID, Port: port,
-		User: p.User, Role: p.Role, Expires: exp.Unix()})
+	c := Claims{Audience: AudienceService, Workspace: sb.WorkspaceID, Sandbox: sb.ID, Port: port, Expires: exp.Unix(),
+		Embed: g.grantEmbed(sb.ID, port), User: p.User, Role: p.Role}
+	if g.cfg.Users != nil && p.User != "" {
+		u, err := g.cfg.Users.GetUser(ctx, p.WorkspaceID, p.User)
+		if err != nil && !errdefs.IsNotFound(err) {
+			g.cfg.WriteError(ctx, w, err)
+			return
+		}
+		if u != nil {
+			c.Email, c.Name = u.Email, u.Name
+		}
+	}
+	tok, err := g.cfg.Signer.Sign(c)
 	if err != nil {
 		g.cfg.WriteError(ctx, w, err)
 		return

@@ -51,8 +51,12 @@ func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p := r.URL.EscapedPath()
-	if p == "/s/login" {
+	switch p {
+	case "/s/login":
 		g.login(w, r)
+		return
+	case embedPath:
+		g.embed(w, r)
 		return
 	}
 	rt, ok := parsePath(p)
@@ -131,7 +135,11 @@ func (g *Gateway) serve(w http.ResponseWriter, r *http.Request, rt route) {
 		g.cfg.WriteError(ctx, w, err)
 		return
 	}
-	fw := &forward{addr: netip.AddrPortFrom(t.ip, uint16(rt.port)).String(), rest: rt.rest, prefix: rt.prefix}
+	fw := &forward{addr: netip.AddrPortFrom(t.ip, uint16(rt.port)).String(), rest: rt.rest, prefix: rt.prefix, embed: c.Embed}
+	if fw.user, err = g.userHeaders(c, r.Host); err != nil {
+		g.cfg.WriteError(ctx, w, err)
+		return
+	}
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, forwardKey{}, fw)))
 }
 
@@ -255,9 +263,15 @@ func (g *Gateway) setCookie(w http.ResponseWriter, r *http.Request, rt route, to
 		return
 	}
 	prefix := rt.cookiePrefix(c)
+	secure := r.TLS != nil || g.public.Scheme == "https"
+	same := http.SameSiteLaxMode
+	if len(c.Embed) > 0 && secure {
+		// Sent inside a cross-site iframe only when SameSite=None.
+		same = http.SameSiteNoneMode
+	}
 	http.SetCookie(w, &http.Cookie{
 		Name: cookieName, Value: tok, Path: prefix + "/", Expires: c.ExpiresAt(),
-		HttpOnly: true, Secure: r.TLS != nil || g.public.Scheme == "https", SameSite: http.SameSiteLaxMode,
+		HttpOnly: true, Secure: secure, SameSite: same,
 	})
 	q := r.URL.Query()
 	q.Del("token")
@@ -283,6 +297,10 @@ type forward struct {
 	addr   string // SandboxIP:port
 	rest   string // escaped path
 	prefix string // path-form prefix, for X-Forwarded-Prefix
+	// user is the X-Langsmith-User-* headers asserted for a login-mode
+	// session (nil otherwise); embed the origins that may frame responses.
+	user  http.Header
+	embed []string
 }
 
 type forwardKey struct{}
@@ -292,7 +310,9 @@ type forwardKey struct{}
 func rewrite(pr *httputil.ProxyRequest) {
 	fw := pr.In.Context().Value(forwardKey{}).(*forward)
 	out := pr.Out
-	out.URL.Scheme, out.URL.Host, out.Host = "http", fw.addr, ""
+	// The service sees the Host it was reached by (the audience of the
+	// user token is that host), not its sandbox address.
+	out.URL.Scheme, out.URL.Host, out.Host = "http", fw.addr, pr.In.Host
 	out.URL.RawPath = fw.rest
 	if p, err := url.PathUnescape(fw.rest); err == nil {
 		out.URL.Path = p
@@ -302,6 +322,22 @@ func rewrite(pr *httputil.ProxyRequest) {
 		out.Header.Set("X-Forwarded-Prefix", fw.prefix)
 	}
 	stripCredentials(out.Header)
+	stripUserHeaders(out.Header)
+	for k, vs := range fw.user {
+		out.Header[k] = vs
+	}
+}
+
+// modifyResponse removes the gateway's cookie from a service's response
+// and says who may frame it: the token's embed origins, else nobody. The
+// policy is added beside the service's own (a browser enforces each), so
+// the service keeps its CSP and may only narrow the framing further.
+func modifyResponse(resp *http.Response) error {
+	fw, _ := resp.Request.Context().Value(forwardKey{}).(*forward)
+	if fw != nil {
+		resp.Header.Add("Content-Security-Policy", frameAncestors(fw.embed))
+	}
+	return stripGatewayCookies(resp)
 }
 
 // stripGatewayCookies drops the Set-Cookie headers of a service's

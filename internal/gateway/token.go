@@ -41,12 +41,19 @@ type Claims struct {
 	Path        string `json:"path,omitempty"`
 	ContentType string `json:"ct,omitempty"`
 	Disposition string `json:"cd,omitempty"`
-	// User and Role name who logged in, for a login-mode session's token:
-	// every request re-checks that they still have access (shares can be
-	// revoked). Token-mode tokens have none: they are bearer credentials.
-	User     string `json:"usr,omitempty"`
-	Role     string `json:"role,omitempty"`
-	IssuedAt int64  `json:"iat"`
+	// User, Role, Email and Name are who logged in, for a login-mode
+	// session's token: every request re-checks that they still have
+	// access (shares can be revoked), and the gateway asserts the user to
+	// the service (X-Langsmith-User-*). Token-mode tokens have none: they
+	// are bearer credentials.
+	User  string `json:"uid,omitempty"`
+	Role  string `json:"role,omitempty"`
+	Email string `json:"email,omitempty"`
+	Name  string `json:"name,omitempty"`
+	// Embed are the origins allowed to frame the service through this
+	// token (frame-ancestors); none means it may not be framed.
+	Embed    []string `json:"emb,omitempty"`
+	IssuedAt int64    `json:"iat"`
 	// Expires is a Unix time; 0 means the token never expires (download
 	// links only).
 	Expires int64  `json:"exp,omitempty"`

@@ -33,29 +33,66 @@ const MaxSignedBody = 10 << 20
 const emptySHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
 // AWSCredentials are an AWS rule's keys; each is a Header value (plaintext,
-// opaque, or the name of a workspace secret) resolved per request. Region
-// and Service, when set, override what is derived from the host.
+// opaque, or the name of a workspace secret) resolved per request. With
+// RoleARN set there are no keys: the proxy assumes the role through STS
+// with the workspace's base credentials (the workspace secrets
+// BaseAccessKeySecret and BaseSecretKeySecret) and signs with the
+// temporary ones. Region and Service, when set, override what is derived
+// from the host.
 type AWSCredentials struct {
 	AccessKeyID     Header
 	SecretAccessKey Header
+	RoleARN         string
+	SessionTags     map[string]string
 	Region, Service string
 }
 
+// The workspace secrets holding the base credentials role_arn rules assume
+// their roles with.
+const (
+	BaseAccessKeySecret = "AWS_ACCESS_KEY_ID"
+	BaseSecretKeySecret = "AWS_SECRET_ACCESS_KEY"
+)
+
 type wireAWS struct {
-	RoleARN         string          `json:"role_arn"`
-	AccessKeyID     json.RawMessage `json:"access_key_id"`
-	SecretAccessKey json.RawMessage `json:"secret_access_key"`
+	RoleARN         string            `json:"role_arn"`
+	SessionTags     map[string]string `json:"session_tags"`
+	AccessKeyID     json.RawMessage   `json:"access_key_id"`
+	SecretAccessKey json.RawMessage   `json:"secret_access_key"`
 	// Extensions: for match_hosts whose names do not follow AWS's scheme.
 	Region  string `json:"region"`
 	Service string `json:"service"`
 }
 
+// roleARNRE matches an IAM role ARN in any partition.
+var roleARNRE = regexp.MustCompile(`^arn:aws(-[a-z]+)*:iam::[0-9]{12}:role/[\w+=,.@/-]{1,512}$`)
+
 func parseAWS(w *wireAWS) (*AWSCredentials, error) {
 	if w == nil {
-		return nil, fmt.Errorf("aws: give access_key_id and secret_access_key")
+		return nil, fmt.Errorf("aws: give access_key_id and secret_access_key, or role_arn")
+	}
+	if w.Region != "" && !regionRE.MatchString(w.Region) {
+		return nil, fmt.Errorf("aws.region: %q is not an AWS region", w.Region)
 	}
 	if w.RoleARN != "" {
-		return nil, fmt.Errorf("aws.role_arn not supported yet: give access_key_id and secret_access_key")
+		if len(w.AccessKeyID) != 0 || len(w.SecretAccessKey) != 0 {
+			return nil, fmt.Errorf("aws: role_arn excludes access_key_id and secret_access_key")
+		}
+		if !roleARNRE.MatchString(w.RoleARN) {
+			return nil, fmt.Errorf("aws.role_arn: %q is not an IAM role ARN", w.RoleARN)
+		}
+		if len(w.SessionTags) > 50 {
+			return nil, fmt.Errorf("aws.session_tags: at most 50 tags")
+		}
+		for k, v := range w.SessionTags {
+			if k == "" || len(k) > 128 || len(v) > 256 {
+				return nil, fmt.Errorf("aws.session_tags: tag %q: keys are 1-128 and values 0-256 characters", k)
+			}
+		}
+		return &AWSCredentials{RoleARN: w.RoleARN, SessionTags: w.SessionTags, Region: w.Region, Service: w.Service}, nil
+	}
+	if len(w.SessionTags) > 0 {
+		return nil, fmt.Errorf("aws.session_tags: only with role_arn")
 	}
 	if len(w.AccessKeyID) == 0 || len(w.SecretAccessKey) == 0 {
 		return nil, fmt.Errorf("aws: access_key_id and secret_access_key are required")
@@ -70,9 +107,6 @@ func parseAWS(w *wireAWS) (*AWSCredentials, error) {
 	}
 	if ak.Value == "" || sk.Value == "" {
 		return nil, fmt.Errorf("aws: access_key_id and secret_access_key must not be empty")
-	}
-	if w.Region != "" && !regionRE.MatchString(w.Region) {
-		return nil, fmt.Errorf("aws.region: %q is not an AWS region", w.Region)
 	}
 	return &AWSCredentials{AccessKeyID: ak, SecretAccessKey: sk, Region: w.Region, Service: w.Service}, nil
 }
@@ -288,17 +322,23 @@ func (s *Service) awsSignerFor(ctx context.Context, sb *sandbox, rule Rule, host
 	if service == "" || region == "" {
 		return nil, fmt.Errorf("cannot derive the AWS service and region from host %s (not <service>.<region>.amazonaws.com; set aws.region and aws.service)", host)
 	}
-	ak, err := s.headerValue(ctx, sb, c.AccessKeyID)
-	if err != nil {
-		return nil, fmt.Errorf("access_key_id: %w", err)
+	var creds aws.Credentials
+	if c.RoleARN != "" {
+		var err error
+		if creds, err = s.assumeRole(ctx, sb, c); err != nil {
+			return nil, fmt.Errorf("assume %s: %w", c.RoleARN, err)
+		}
+	} else {
+		ak, err := s.headerValue(ctx, sb, c.AccessKeyID)
+		if err != nil {
+			return nil, fmt.Errorf("access_key_id: %w", err)
+		}
+		sk, err := s.headerValue(ctx, sb, c.SecretAccessKey)
+		if err != nil {
+			return nil, fmt.Errorf("secret_access_key: %w", err)
+		}
+		creds = aws.Credentials{AccessKeyID: strings.TrimSpace(ak), SecretAccessKey: strings.TrimSpace(sk)}
 	}
-	sk, err := s.headerValue(ctx, sb, c.SecretAccessKey)
-	if err != nil {
-		return nil, fmt.Errorf("secret_access_key: %w", err)
-	}
-	return &awsSigner{
-		base:    sb.transport,
-		creds:   aws.Credentials{AccessKeyID: strings.TrimSpace(ak), SecretAccessKey: strings.TrimSpace(sk), Source: "cubicle egress rule " + rule.Name},
-		service: service, region: region,
-	}, nil
+	creds.Source = "cubicle egress rule " + rule.Name
+	return &awsSigner{base: sb.transport, creds: creds, service: service, region: region}, nil
 }

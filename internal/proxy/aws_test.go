@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -85,7 +86,9 @@ func TestParseAWSRule(t *testing.T) {
 		t.Fatal("match_hosts not honoured")
 	}
 	for _, cfg := range []string{
-		`{"rules":[{"name":"r","type":"aws","aws":{"role_arn":"arn:aws:iam::123456789012:role/x"}}]}`,
+		`{"rules":[{"name":"r","type":"aws","aws":{"role_arn":"arn:aws:iam::1:role/x"}}]}`,
+		`{"rules":[{"name":"r","type":"aws","aws":{"role_arn":"arn:aws:iam::123456789012:role/x","access_key_id":"AK"}}]}`,
+		`{"rules":[{"name":"r","type":"aws","aws":{"access_key_id":"AK","secret_access_key":"SK","session_tags":{"a":"b"}}}]}`,
 		`{"rules":[{"name":"r","type":"aws"}]}`,
 		`{"rules":[{"name":"r","type":"aws","aws":{"access_key_id":"AK"}}]}`,
 		`{"rules":[{"name":"r","type":"aws","aws":{"access_key_id":"AK","secret_access_key":{"type":"workspace_secret","value":"NAME"}}}]}`,
@@ -97,8 +100,12 @@ func TestParseAWSRule(t *testing.T) {
 			t.Errorf("%s: err = %v, want a FieldError", cfg, err)
 		}
 	}
-	if _, err := Parse([]byte(`{"rules":[{"name":"r","type":"aws","aws":{"role_arn":"arn:aws:iam::1:role/x"}}]}`)); err == nil || !strings.Contains(err.Error(), "role_arn not supported yet") {
-		t.Fatalf("role_arn: %v", err)
+	p, err = Parse([]byte(`{"rules":[{"name":"r","type":"aws","aws":{"role_arn":"arn:aws:iam::123456789012:role/x","session_tags":{"team":"a"}}}]}`))
+	if err != nil || p.Rules[0].AWS.RoleARN == "" || p.Rules[0].AWS.SessionTags["team"] != "a" {
+		t.Fatalf("role_arn rule: %+v %v", p, err)
+	}
+	if got := p.SecretNames(); fmt.Sprint(got) != "[AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY]" {
+		t.Fatalf("a role rule uses the base credentials: %v", got)
 	}
 }
 

@@ -61,38 +61,19 @@ func (s *Service) forward(w http.ResponseWriter, r *http.Request, m *connMeta, h
 	var inject http.Header
 	var signer *awsSigner
 	if m.sni != "" {
-		for _, rule := range pol.RulesFor(host, r.URL.Path) {
-			if rule.AWS != nil {
-				if signer != nil || presigned(r) {
-					continue // the first AWS rule signs; presigned URLs go as they are
-				}
-				if signedStreaming(r) {
-					http.Error(w, fmt.Sprintf("cubicle egress proxy: rule %q: S3 uploads with signed chunks (STREAMING-AWS4-*) cannot be re-signed; use unsigned payload chunks", rule.Name), http.StatusNotImplemented)
-					return
-				}
-				var err error
-				if signer, err = s.awsSignerFor(r.Context(), sb, rule, host); err != nil {
-					s.log.Warn("egress AWS signing failed", "sandbox", sb.id, "rule", rule.Name, "host", host, "err", err)
-					http.Error(w, fmt.Sprintf("cubicle egress proxy: rule %q: %v", rule.Name, err), http.StatusBadGateway)
-					return
-				}
-				ev.Rules = append(ev.Rules, rule.Name)
-				continue
+		var rules []string
+		var err error
+		inject, signer, rules, err = s.credentials(r, sb, pol, host, m.od.Port())
+		if err != nil {
+			status := http.StatusBadGateway
+			if errors.Is(err, errNotResignable) {
+				status = http.StatusNotImplemented
 			}
-			ev.Rules = append(ev.Rules, rule.Name)
-			for _, h := range rule.Headers {
-				val, err := s.headerValue(r.Context(), sb, h)
-				if err != nil {
-					s.log.Warn("egress header injection failed", "sandbox", sb.id, "rule", rule.Name, "header", h.Name, "err", err)
-					http.Error(w, fmt.Sprintf("cubicle egress proxy: rule %q: %v", rule.Name, err), http.StatusBadGateway)
-					return
-				}
-				if inject == nil {
-					inject = http.Header{}
-				}
-				inject.Set(h.Name, val)
-			}
+			s.log.Warn("egress credential injection failed", "sandbox", sb.id, "host", host, "err", err)
+			http.Error(w, "cubicle egress proxy: "+err.Error(), status)
+			return
 		}
+		ev.Rules = rules
 	}
 	sb.log.add(ev, m.sni != "")
 	var transport http.RoundTripper = sb.transport
@@ -173,6 +154,61 @@ func (s *Service) headerValue(ctx context.Context, sb *sandbox, h Header) (strin
 		return "", fmt.Errorf("workspace secret %s: %w", h.Value, err)
 	}
 	return string(v), nil
+}
+
+// errNotResignable marks an AWS request the proxy cannot sign (501).
+var errNotResignable = errors.New("cannot be re-signed")
+
+// credentials resolves what the rules and callbacks matching an
+// intercepted request to host:port add: headers to set, an AWS signer
+// (the first AWS rule's), and the names of the rules applied. Errors name
+// the rule and what failed, never a secret value.
+func (s *Service) credentials(r *http.Request, sb *sandbox, pol *Policy, host string, port uint16) (http.Header, *awsSigner, []string, error) {
+	ctx := r.Context()
+	inject := http.Header{}
+	var signer *awsSigner
+	var applied []string
+	for _, rule := range pol.RulesFor(host, r.URL.Path) {
+		switch {
+		case rule.AWS != nil:
+			if signer != nil || presigned(r) {
+				continue // the first AWS rule signs; presigned URLs go as they are
+			}
+			if signedStreaming(r) {
+				return nil, nil, nil, fmt.Errorf("rule %q: S3 uploads with signed chunks (STREAMING-AWS4-*) %w; use unsigned payload chunks", rule.Name, errNotResignable)
+			}
+			var err error
+			if signer, err = s.awsSignerFor(ctx, sb, rule, host); err != nil {
+				return nil, nil, nil, fmt.Errorf("rule %q: %w", rule.Name, err)
+			}
+		case rule.GCP != nil:
+			tok, err := s.gcpToken(ctx, sb, rule.GCP)
+			if err != nil {
+				return nil, nil, nil, fmt.Errorf("rule %q: %w", rule.Name, err)
+			}
+			inject.Set("Authorization", "Bearer "+tok)
+		default:
+			for _, h := range rule.Headers {
+				val, err := s.headerValue(ctx, sb, h)
+				if err != nil {
+					return nil, nil, nil, fmt.Errorf("rule %q: header %s: %w", rule.Name, h.Name, err)
+				}
+				inject.Set(h.Name, val)
+			}
+		}
+		applied = append(applied, rule.Name)
+	}
+	for _, cb := range pol.CallbacksFor(host) {
+		h, err := s.callbackHeaders(ctx, sb, cb, r, host, port)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		for k, vs := range h {
+			inject[k] = vs
+		}
+		applied = append(applied, "callback "+cb.URL)
+	}
+	return inject, signer, applied, nil
 }
 
 // deny records a refused connection or request.

@@ -47,16 +47,23 @@ type Policy struct {
 	names []hostPattern
 	nets  []netip.Prefix
 	Rules []Rule
+	// Callbacks ask a customer endpoint for the headers to inject.
+	Callbacks []Callback
+	// noProxy hosts are never intercepted: no rule or callback applies
+	// and their TLS is spliced (access_control still does).
+	noProxy []hostPattern
 }
 
-// Rule is one header-injection rule, or an AWS rule (AWS set): requests
-// to its hosts are re-signed with SigV4.
+// Rule is one header-injection rule, an AWS rule (AWS set: requests to
+// its hosts are re-signed with SigV4) or a GCP rule (GCP set: they get an
+// OAuth bearer token minted from a service-account key).
 type Rule struct {
 	Name    string
 	hosts   []hostPattern
 	paths   []string // path.Match globs or prefixes ending in "/"; empty = all
 	Headers []Header
 	AWS     *AWSCredentials
+	GCP     *GCPCredentials
 }
 
 // Header is one header a Rule sets. Value is resolved at request time:
@@ -93,6 +100,8 @@ type wire struct {
 		AllowList []string `json:"allow_list"`
 		DenyList  []string `json:"deny_list"`
 	} `json:"access_control"`
+	Callbacks []wireCallback `json:"callbacks"`
+	NoProxy   []string       `json:"no_proxy"`
 }
 
 type wireRule struct {
@@ -103,6 +112,10 @@ type wireRule struct {
 	MatchPaths []string     `json:"match_paths"`
 	Headers    []wireHeader `json:"headers"`
 	AWS        *wireAWS     `json:"aws"`
+	GCP        *wireGCP     `json:"gcp"`
+	// EnvVars are checked here and applied by the sandbox manager
+	// (protocol.ProxyEnvVars).
+	EnvVars map[string]string `json:"env_vars"`
 }
 
 type wireHeader struct {
@@ -144,14 +157,34 @@ func Parse(raw []byte) (*Policy, error) {
 		}
 	}
 	for i, wr := range w.Rules {
+		field := fmt.Sprintf("proxy_config.rules[%d]", i)
+		for k := range wr.EnvVars {
+			if !ValidSecretName(k) { // the same rule as a POSIX variable name
+				return nil, errdefs.Field(field+".env_vars", "invalid variable name %q", k)
+			}
+		}
 		if wr.Enabled != nil && !*wr.Enabled {
 			continue
 		}
 		r, err := parseRule(wr)
 		if err != nil {
-			return nil, errdefs.Field(fmt.Sprintf("proxy_config.rules[%d]", i), "%v", err)
+			return nil, errdefs.Field(field, "%v", err)
 		}
 		p.Rules = append(p.Rules, r)
+	}
+	for i, wc := range w.Callbacks {
+		cb, err := parseCallback(wc)
+		if err != nil {
+			return nil, errdefs.Field(fmt.Sprintf("proxy_config.callbacks[%d]", i), "%v", err)
+		}
+		p.Callbacks = append(p.Callbacks, cb)
+	}
+	for i, h := range w.NoProxy {
+		hp, err := parseHost(h)
+		if err != nil {
+			return nil, errdefs.Field(fmt.Sprintf("proxy_config.no_proxy[%d]", i), "%v", err)
+		}
+		p.noProxy = append(p.noProxy, hp)
 	}
 	return p, nil
 }
@@ -169,9 +202,16 @@ func (p *Policy) SecretNames() []string {
 		for _, h := range r.Headers {
 			add(h)
 		}
-		if r.AWS != nil {
-			add(r.AWS.AccessKeyID)
-			add(r.AWS.SecretAccessKey)
+		if a := r.AWS; a != nil && a.RoleARN == "" {
+			add(a.AccessKeyID)
+			add(a.SecretAccessKey)
+		}
+		if r.AWS != nil && r.AWS.RoleARN != "" {
+			add(Header{Type: "workspace_secret", Value: BaseAccessKeySecret})
+			add(Header{Type: "workspace_secret", Value: BaseSecretKeySecret})
+		}
+		if r.GCP != nil {
+			add(r.GCP.ServiceAccountJSON)
 		}
 	}
 	return out
@@ -234,6 +274,15 @@ func parseRule(wr wireRule) (Rule, error) {
 		r.AWS = creds
 		if len(wr.MatchHosts) == 0 {
 			wr.MatchHosts = DefaultAWSHosts
+		}
+	case "gcp":
+		creds, err := parseGCP(wr.GCP)
+		if err != nil {
+			return Rule{}, err
+		}
+		r.GCP = creds
+		if len(wr.MatchHosts) == 0 {
+			wr.MatchHosts = DefaultGCPHosts
 		}
 	default:
 		return Rule{}, fmt.Errorf("rule type %q is not supported by this server", wr.Type)
@@ -332,7 +381,9 @@ func ValidSecretName(s string) bool {
 
 // Proxied reports whether the sandbox's web traffic must go through the
 // proxy: it has a list to enforce or headers to inject.
-func (p *Policy) Proxied() bool { return p.Mode != ModeOpen || len(p.Rules) > 0 }
+func (p *Policy) Proxied() bool {
+	return p.Mode != ModeOpen || len(p.Rules) > 0 || len(p.Callbacks) > 0
+}
 
 // Nets returns the IP and CIDR patterns, the only ones enforced on raw IP
 // traffic: names are enforced by the proxy on Host/SNI, and a name's DNS
@@ -404,8 +455,12 @@ func (p *Policy) denyAddr(a netip.Addr) (string, bool) {
 	return v.Reason, !v.Allowed
 }
 
-// RulesFor returns the rules matching host and path, in config order.
+// RulesFor returns the rules matching host and path, in config order
+// (none for a no_proxy host).
 func (p *Policy) RulesFor(host, urlPath string) []Rule {
+	if p.bypassed(host) {
+		return nil
+	}
 	var out []Rule
 	for _, r := range p.Rules {
 		if r.matchHost(host) && r.matchPath(urlPath) {
@@ -415,25 +470,52 @@ func (p *Policy) RulesFor(host, urlPath string) []Rule {
 	return out
 }
 
-// Intercepts reports whether some rule matches host, so its TLS must be
-// terminated to inject headers.
+// Intercepts reports whether some rule or callback matches host, so its
+// TLS must be terminated to inject headers. A no_proxy host never is.
 func (p *Policy) Intercepts(host string) bool {
+	if p.bypassed(host) {
+		return false
+	}
 	for _, r := range p.Rules {
 		if r.matchHost(host) {
+			return true
+		}
+	}
+	for _, c := range p.Callbacks {
+		if matchAny(c.hosts, host) {
 			return true
 		}
 	}
 	return false
 }
 
-func (r Rule) matchHost(host string) bool {
-	for _, h := range r.hosts {
+// bypassed reports whether host is in no_proxy.
+func (p *Policy) bypassed(host string) bool { return matchAny(p.noProxy, host) }
+
+// CallbacksFor returns the callbacks matching host, in config order.
+func (p *Policy) CallbacksFor(host string) []Callback {
+	if p.bypassed(host) {
+		return nil
+	}
+	var out []Callback
+	for _, c := range p.Callbacks {
+		if matchAny(c.hosts, host) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func matchAny(ps []hostPattern, host string) bool {
+	for _, h := range ps {
 		if h.match(host) {
 			return true
 		}
 	}
 	return false
 }
+
+func (r Rule) matchHost(host string) bool { return matchAny(r.hosts, host) }
 
 func (r Rule) matchPath(p string) bool {
 	if len(r.paths) == 0 {

@@ -40,9 +40,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/connlimit"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/network"
 )
 
@@ -87,7 +90,11 @@ type Config struct {
 	// Forbidden are never dialled (the sandbox pool, typically), in
 	// addition to loopback, link-local and the host's own addresses.
 	Forbidden []netip.Prefix
-	Logger    *slog.Logger
+	// Identity signs callback requests (nil: callbacks fail).
+	Identity *jwtkeys.Signer
+	// STSEndpoint overrides where role_arn rules assume their roles.
+	STSEndpoint string
+	Logger      *slog.Logger
 	// Meter counts decisions and relayed bytes for metrics
 	// (internal/telemetry); nil counts nothing.
 	Meter Meter
@@ -130,6 +137,12 @@ type Service struct {
 	byID map[string]*sandbox
 
 	local localAddrs
+
+	// Minted credentials (keys name the sandbox): STS sessions, GCP
+	// access tokens and callback answers.
+	roles           expiring[aws.Credentials]
+	gcpTokens       expiring[string]
+	callbackAnswers expiring[http.Header]
 }
 
 // sandbox is one attached sandbox's proxy state.

@@ -426,7 +426,10 @@ func (m *Manager) Dataplane(ctx context.Context, id string, op authz.Op) (_ *Con
 	if err != nil {
 		return nil, err
 	}
-	conn := &Conn{Agent: c, RunConfig: sn.RunConfig.Layer(sb.RunConfig), WorkspaceID: sb.WorkspaceID, id: id, m: m,
+	// The proxy rules' dummy env_vars sit between the snapshot's layer and
+	// the sandbox's own, which may override them.
+	rc := sn.RunConfig.Layer(&protocol.RunConfig{EnvVars: protocol.ProxyEnvVars(sb.ProxyConfig)}).Layer(sb.RunConfig)
+	conn := &Conn{Agent: c, RunConfig: rc, WorkspaceID: sb.WorkspaceID, id: id, m: m,
 		grant: connGrant{p: p, op: op}, cut: make(chan struct{})}
 	conn.Gone = m.register(conn, gone, release)
 	return conn, nil

@@ -240,9 +240,10 @@ func testEgressAWS(t *testing.T, rt string) {
 			t.Fatalf("plain HTTP: %q", out)
 		}
 	})
-	t.Run("role_arn and gcp are refused", func(t *testing.T) {
+	t.Run("bad role_arn and gcp rules are refused", func(t *testing.T) {
 		for _, bad := range []string{
-			`{"rules":[{"name":"r","type":"aws","aws":{"role_arn":"arn:aws:iam::123456789012:role/x"}}]}`,
+			`{"rules":[{"name":"r","type":"aws","aws":{"role_arn":"arn:aws:iam::1:role/x"}}]}`,
+			`{"rules":[{"name":"r","type":"aws","aws":{"role_arn":"arn:aws:iam::123456789012:role/x","access_key_id":"AK"}}]}`,
 			`{"rules":[{"name":"g","type":"gcp","gcp":{"service_account_json":{"type":"plaintext","value":"{}"},"scopes":["s"]}}]}`,
 		} {
 			code, b := e.api(t, "PATCH", "/boxes/"+sb.Name, map[string]json.RawMessage{"proxy_config": json.RawMessage(bad)})

@@ -113,7 +113,10 @@ func (in *internet) serve(t testing.TB) {
 	in.caPEM = caPEM
 	leaf := leafCert(t, caCert, caKey, "secure.test", "allowed.test", "other.test", "denied.test",
 		// AWS-like endpoints for AWS signing tests (see route).
-		"*.amazonaws.com", "*.us-west-2.amazonaws.com", "*.us-east-2.amazonaws.com", "*.s3.us-west-2.amazonaws.com")
+		"*.amazonaws.com", "*.us-west-2.amazonaws.com", "*.us-east-2.amazonaws.com", "*.s3.us-west-2.amazonaws.com",
+		// Google APIs, and the token, STS and callback endpoints of the
+		// credential tests.
+		"*.googleapis.com", "*.e2e.test")
 	plain := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "hello from the internet: host=%s\n", r.Host)
 	})

@@ -25,6 +25,9 @@ type ServiceURLRequest struct {
 	Port             int    `json:"port"`
 	ExpiresInSeconds *int64 `json:"expires_in_seconds,omitempty"`
 	Access           string `json:"access,omitempty"`
+	// EmbedOrigins may show the URL in an iframe: at most 5, each
+	// https://host[:port] (http only for localhost).
+	EmbedOrigins []string `json:"embed_origins,omitempty"`
 }
 
 // ServiceURLResponse is the answer to ServiceURLRequest. Token and
@@ -35,6 +38,10 @@ type ServiceURLResponse struct {
 	Token      string `json:"token,omitempty"`
 	ExpiresAt  string `json:"expires_at,omitempty"`
 	Access     string `json:"access,omitempty"`
+	// EmbedURL is the page to frame (token mode with embed_origins);
+	// EmbedOrigins the origins as normalized.
+	EmbedURL     string   `json:"embed_url,omitempty"`
+	EmbedOrigins []string `json:"embed_origins,omitempty"`
 }
 
 // DownloadURLRequest is the body of POST /boxes/{name}/download-url (spec X2).

@@ -28,3 +28,14 @@ func TestLayerOrder(t *testing.T) {
 		t.Fatal("Layer returned a map shared with its receiver")
 	}
 }
+
+func TestProxyEnvVars(t *testing.T) {
+	raw := []byte(`{"rules":[{"name":"gh","env_vars":{"GH_TOKEN":"dummy","A":"1"}},{"name":"off","enabled":false,"env_vars":{"OFF":"x"}},{"name":"b","env_vars":{"A":"2"}}]}`)
+	got := ProxyEnvVars(raw)
+	if len(got) != 2 || got["GH_TOKEN"] != "dummy" || got["A"] != "2" {
+		t.Fatalf("ProxyEnvVars = %v", got)
+	}
+	if ProxyEnvVars(nil) != nil || ProxyEnvVars([]byte(`{"rules":[]}`)) != nil {
+		t.Fatal("env vars from an empty config")
+	}
+}
