@@ -15,35 +15,17 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/uuid"
 
-	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/image/imagetest"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
-// addWorkspaceKeyViaStore creates workspace ws with an admin key by writing
-// the daemon's database directly (store-level test setup: the API cannot
-// create workspaces yet) and returns a client acting as it.
+// addWorkspaceKeyViaStore creates workspace ws with an admin key (addKey)
+// and returns a client acting as it.
 func addWorkspaceKeyViaStore(t *testing.T, d *daemon, ws string) *cubicle.Client {
-	t.Helper()
-	ctx := context.Background()
-	st, err := store.OpenSQLite(ctx, filepath.Join(d.dataDir, "cubicle.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	if err := st.EnsureWorkspace(ctx, store.Workspace{ID: ws, Name: ws, CreatedAt: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	key := auth.NewKey()
-	if err := st.PutAPIKey(ctx, store.APIKey{ID: uuid.NewString(), WorkspaceID: ws, User: ws + "-admin", Role: store.RoleAdmin,
-		Hash: auth.Hash(key), CreatedAt: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	return cubicle.New(d.Endpoint, key)
+	return cubicle.New(d.Endpoint, addKey(t, d, ws, ws+"-admin", store.RoleAdmin))
 }
 
 // snapshotOutcome creates a snapshot of ref and waits for ready or failed.

@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -20,41 +18,14 @@ import (
 )
 
 // memberKey adds a member API key for user to the running daemon's default
-// workspace, straight into its database (the API has no key management),
-// and returns it.
+// workspace and returns it.
 func memberKey(t testing.TB, d *daemon, user string) string {
-	ctx := context.Background()
-	st, err := store.OpenSQLite(ctx, filepath.Join(d.dataDir, "cubicle.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	key := auth.NewKey()
-	if err := st.PutAPIKey(ctx, store.APIKey{ID: uuid.NewString(), WorkspaceID: auth.DefaultWorkspace, User: user,
-		Role: store.RoleMember, Hash: auth.Hash(key), CreatedAt: time.Now()}); err != nil {
-		t.Fatal(err)
-	}
-	return key
+	return addKey(t, d, auth.DefaultWorkspace, user, store.RoleMember)
 }
 
 // apiAs sends a JSON request to the control plane with key.
 func apiAs(t testing.TB, d *daemon, key, method, path string, body any) (int, string) {
-	t.Helper()
-	var rd io.Reader
-	if body != nil {
-		b, _ := json.Marshal(body)
-		rd = bytes.NewReader(b)
-	}
-	req, _ := http.NewRequest(method, d.Endpoint+"/v2/sandboxes"+path, rd)
-	req.Header.Set("X-Api-Key", key)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return raw(t, d, key, method, "/v2/sandboxes"+path, body)
 }
 
 // wantPolicy checks that sandbox name is held to the allow list and header

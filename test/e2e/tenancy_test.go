@@ -312,39 +312,14 @@ func TestTenancy(t *testing.T) {
 	})
 	t.Run("revocation cuts an open exec", func(t *testing.T) {
 		sh := share(t, map[string]any{"user_id": "bob", "access": "use"})
-		started := make(chan struct{})
-		var once sync.Once
-		out := writerFunc(func(p []byte) (int, error) {
-			if bytes.Contains(p, []byte("started")) {
-				once.Do(func() { close(started) })
+		took, err := execUntilCut(t, bob, "a-box", "echo started; sleep 4; touch /tmp/survived; sleep 26", func() {
+			if code, b := raw(t, d, keys["alice"], "DELETE", "/v2/sandboxes/boxes/a-box/shares/"+sh.ID, nil); code != 204 {
+				t.Fatalf("revoke: %d %s", code, b)
 			}
-			return len(p), nil
 		})
-		done := make(chan error, 1)
-		go func() {
-			_, err := bob.Exec(ctx, "a-box", cubicle.ExecRequest{Command: "echo started; sleep 4; touch /tmp/survived; sleep 26", Shell: "/bin/sh", Stdout: out})
-			done <- err
-		}()
-		select {
-		case <-started:
-		case err := <-done:
-			t.Fatalf("exec ended before the revocation: %v", err)
-		case <-time.After(20 * time.Second):
-			t.Fatal("the command never started")
-		}
-		at := time.Now()
-		if code, b := raw(t, d, keys["alice"], "DELETE", "/v2/sandboxes/boxes/a-box/shares/"+sh.ID, nil); code != 204 {
-			t.Fatalf("revoke: %d %s", code, b)
-		}
-		select {
-		case err := <-done:
-			took := time.Since(at)
-			t.Logf("stream ended %v after the revocation: %v", took, err)
-			if err == nil || !strings.Contains(err.Error(), "revoked") || took > 1500*time.Millisecond {
-				t.Fatalf("stream ended after %v with %v, want a revoked error within ~1s", took, err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("the exec stream outlived the revocation")
+		t.Logf("stream ended %v after the revocation: %v", took, err)
+		if err == nil || !strings.Contains(err.Error(), "revoked") || took > 1500*time.Millisecond {
+			t.Fatalf("stream ended after %v with %v, want a revoked error within ~1s", took, err)
 		}
 		time.Sleep(5 * time.Second)
 		if out := mustRun(t, alice, "a-box", "ls /tmp/survived 2>/dev/null; true"); out != "" {
@@ -362,39 +337,15 @@ func TestTenancy(t *testing.T) {
 		if code != 201 || json.Unmarshal([]byte(b), &k) != nil {
 			t.Fatalf("create bob's second key: %d %s", code, b)
 		}
-		temp := cubicle.New(d.Endpoint, k.Key)
-		started := make(chan struct{})
-		var once sync.Once
-		out := writerFunc(func(p []byte) (int, error) {
-			once.Do(func() { close(started) })
-			return len(p), nil
-		})
-		done := make(chan error, 1)
-		go func() {
-			_, err := temp.Exec(ctx, "a-box", cubicle.ExecRequest{Command: "echo started; sleep 30", Shell: "/bin/sh", Stdout: out})
-			done <- err
-		}()
-		select {
-		case <-started:
-		case err := <-done:
-			t.Fatalf("exec ended before the revocation: %v", err)
-		case <-time.After(20 * time.Second):
-			t.Fatal("the command never started")
-		}
-		at := time.Now()
-		if code, b := raw(t, d, keys["admin1"], "DELETE", "/v2/sandboxes/keys/"+k.ID, nil); code/100 != 2 {
-			t.Fatalf("revoke bob's second key: %d %s", code, b)
-		}
-		select {
-		case err := <-done:
-			if took := time.Since(at); err == nil || took > 1500*time.Millisecond {
-				t.Fatalf("stream ended after %v with %v, want an error within ~1s", took, err)
+		took, err := execUntilCut(t, cubicle.New(d.Endpoint, k.Key), "a-box", "echo started; sleep 30", func() {
+			if code, b := raw(t, d, keys["admin1"], "DELETE", "/v2/sandboxes/keys/"+k.ID, nil); code/100 != 2 {
+				t.Fatalf("revoke bob's second key: %d %s", code, b)
 			}
-		case <-time.After(5 * time.Second):
-			t.Fatal("the exec stream outlived its key's revocation")
+		})
+		if err == nil || took > 1500*time.Millisecond {
+			t.Fatalf("stream ended after %v with %v, want an error within ~1s", took, err)
 		}
 	})
-
 	t.Run("revocation cuts an HTTP exec in flight", func(t *testing.T) {
 		sh := share(t, map[string]any{"user_id": "bob", "access": "use"})
 		type answer struct {
@@ -433,3 +384,39 @@ func TestTenancy(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// execUntilCut streams command (which must print "started" first) in
+// sandbox box as c, runs cut once it has started, and returns how the
+// stream ended and how long after the cut it did.
+func execUntilCut(t *testing.T, c *cubicle.Client, box, command string, cut func()) (time.Duration, error) {
+	t.Helper()
+	started := make(chan struct{})
+	var once sync.Once
+	out := writerFunc(func(p []byte) (int, error) {
+		if bytes.Contains(p, []byte("started")) {
+			once.Do(func() { close(started) })
+		}
+		return len(p), nil
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Exec(context.Background(), box, cubicle.ExecRequest{Command: command, Shell: "/bin/sh", Stdout: out})
+		done <- err
+	}()
+	select {
+	case <-started:
+	case err := <-done:
+		t.Fatalf("exec ended before the cut: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the command never started")
+	}
+	at := time.Now()
+	cut()
+	select {
+	case err := <-done:
+		return time.Since(at), err
+	case <-time.After(5 * time.Second):
+		t.Fatal("the exec stream outlived the cut")
+	}
+	return 0, nil
+}
