@@ -8,11 +8,9 @@
 //   - On a sandbox or snapshot a principal holds one access level,
 //     none < read < use < owner: owner if it created the resource or is a
 //     workspace admin; else what shares grant it (its own share or the
-//     workspace-wide one, the higher); else none. Snapshots built from an
-//     image (not captured from a sandbox) hold nothing private, so every
-//     member of the workspace has use on them (any member could build the
-//     same one); captured snapshots hold a sandbox's files and are private
-//     like sandboxes.
+//     workspace-wide one, the higher); else none. Snapshots are private
+//     like sandboxes, whether built from an image or captured: an admin
+//     shares a snapshot with the workspace to let its members boot it.
 //   - Operations whose effect is workspace-wide (secrets, image names)
 //     need the admin role.
 //
@@ -105,14 +103,9 @@ func Sandbox(sb *store.Sandbox) Owned {
 	return Owned{Workspace: sb.WorkspaceID, CreatedBy: sb.CreatedBy}
 }
 
-// Snapshot is sn as the policy sees it (shares not looked up): a snapshot
-// built from an image grants use to the whole workspace.
+// Snapshot is sn as the policy sees it (shares not looked up).
 func Snapshot(sn *store.Snapshot) Owned {
-	o := Owned{Workspace: sn.WorkspaceID, CreatedBy: sn.CreatedBy}
-	if sn.SourceSandboxID == "" {
-		o.Shared = Use
-	}
-	return o
+	return Owned{Workspace: sn.WorkspaceID, CreatedBy: sn.CreatedBy}
 }
 
 // Level is p's access to r.

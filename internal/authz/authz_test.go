@@ -105,12 +105,13 @@ func TestCheckTable(t *testing.T) {
 	}
 }
 
-// TestSnapshot: image-built snapshots grant use to the workspace,
-// captured ones nothing; sandboxes carry workspace and creator.
+// TestSnapshot: snapshots are private until shared, image-built or
+// captured (the rule: a member sees what it created or what was
+// shared with it); sandboxes carry workspace and creator.
 func TestSnapshot(t *testing.T) {
 	img := Snapshot(&store.Snapshot{WorkspaceID: "w1", CreatedBy: "ann"})
 	captured := Snapshot(&store.Snapshot{WorkspaceID: "w1", CreatedBy: "ann", SourceSandboxID: "s"})
-	if Level(member, img) != Use || Level(member, captured) != None || Level(outsider, img) != None {
+	if Level(member, img) != None || Level(member, captured) != None || Level(outsider, img) != None {
 		t.Fatalf("snapshot levels: image %v, captured %v, outsider on image %v", Level(member, img), Level(member, captured), Level(outsider, img))
 	}
 	if got := Sandbox(&store.Sandbox{WorkspaceID: "w1", CreatedBy: "bob"}); got != (Owned{Workspace: "w1", CreatedBy: "bob"}) {

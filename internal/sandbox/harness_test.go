@@ -62,6 +62,11 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	if err := st.CreateSnapshot(ctx, sn); err != nil {
 		t.Fatal(err)
 	}
+	// The workspace's shared snapshot: snapshots are private until shared.
+	if err := st.PutShare(ctx, &store.Share{ID: "share-default", WorkspaceID: workspace, ResourceKind: store.ShareSnapshot,
+		ResourceID: sn.ID, Grantee: store.ShareWorkspace, Access: "use", CreatedBy: "alice", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
 	drv, err := sandboxtest.NewDriver()
 	if err != nil {
 		t.Fatal(err)

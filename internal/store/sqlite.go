@@ -457,9 +457,7 @@ func visibleClause(kind, user string) (string, []any) {
 	case "sandboxes":
 		return ` AND (created_by=?` + shared + `)`, []any{user, ShareSandbox, user}
 	case "snapshots":
-		// Snapshots built from an image hold nothing private: the whole
-		// workspace sees them (authz.Snapshot).
-		return ` AND (created_by=? OR source_sandbox_id=''` + shared + `)`, []any{user, ShareSnapshot, user}
+		return ` AND (created_by=?` + shared + `)`, []any{user, ShareSnapshot, user}
 	default:
 		return ` AND created_by=?`, []any{user}
 	}

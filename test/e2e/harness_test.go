@@ -276,6 +276,15 @@ func readySnapshot(t testing.TB, c *cubicle.Client, name, ref string) *protocol.
 	return sn
 }
 
+// shareWithWorkspace lets every member of c's workspace boot snapshot id
+// (snapshots are private to their creator and the admins until shared).
+func shareWithWorkspace(t testing.TB, c *cubicle.Client, id string) {
+	t.Helper()
+	if _, err := c.Share(context.Background(), cubicle.ShareSnapshot, id, protocol.ShareRequest{Workspace: true, Access: "use"}); err != nil {
+		t.Fatalf("share snapshot %s with the workspace: %v", id, err)
+	}
+}
+
 func int64p(v int64) *int64 { return &v }
 
 // newSandbox creates a sandbox from snapshot id and waits for it.

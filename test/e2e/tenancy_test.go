@@ -142,6 +142,15 @@ func TestTenancy(t *testing.T) {
 	}
 	alice := cubicle.New(d.Endpoint, keys["alice"])
 	bob := cubicle.New(d.Endpoint, keys["bob"])
+	// Snapshots are private too until shared: a member neither gets nor
+	// lists the admin's, nor boots from it.
+	if _, err := bob.GetSnapshot(ctx, sn.ID); !cubicle.IsNotFound(err) {
+		t.Fatalf("bob gets the admin's unshared snapshot: %v", err)
+	}
+	if l, err := bob.ListSnapshots(ctx, cubicle.ListOptions{}); err != nil || len(l.Snapshots) != 0 {
+		t.Fatalf("bob lists %+v (%v), want none", l, err)
+	}
+	shareWithWorkspace(t, d.Client, sn.ID)
 	box := newSandbox(t, alice, sn.ID, func(r *protocol.CreateSandboxRequest) { r.Name = "a-box" })
 	// A login-mode grant on port 8000 for the gateway rows.
 	if code, b := raw(t, d, keys["alice"], "POST", "/v2/sandboxes/boxes/a-box/service-url", map[string]any{"port": 8000, "access": "restricted"}); code != 200 {
