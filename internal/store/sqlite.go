@@ -498,7 +498,8 @@ func listClause(kind string, o ListOptions) (string, []any, error) {
 		add(` AND name=?`, o.Name)
 	}
 	if o.VisibleTo != "" {
-		add(visibleClause(kind, o.VisibleTo))
+		w, a := visibleClause(kind, o.VisibleTo)
+		add(w, a...)
 	}
 	if o.CreatedBy != "" {
 		add(` AND created_by=?`, o.CreatedBy)
