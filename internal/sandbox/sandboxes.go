@@ -284,16 +284,6 @@ func (m *Manager) wake(ctx context.Context, id string, explicit bool) error {
 		return err
 	}
 	defer release()
-	if statusOf(sb) == Stopped && !sb.Persistent {
-		// Its writes do not survive a stop: drop them and boot afresh.
-		if err := m.cfg.Storage.Remove(ctx, runtimeID(sb.ID)); err != nil {
-			return fmt.Errorf("discard the filesystem of non-persistent sandbox %s: %w", sb.Name, err)
-		}
-		m.discardMemory(sb.ID)
-		if err := m.transition(ctx, sb, Provisioning, ""); err != nil {
-			return err
-		}
-	}
 	if statusOf(sb) == Failed {
 		// Its first boot failed: boot it again as a first boot.
 		if err := m.transition(ctx, sb, Provisioning, ""); err != nil {
@@ -304,7 +294,24 @@ func (m *Manager) wake(ctx context.Context, id string, explicit bool) error {
 	if err != nil {
 		return fmt.Errorf("snapshot of sandbox %s: %w", sb.Name, err)
 	}
+	if statusOf(sb) == Stopped && !sb.Persistent {
+		if err := m.discardWrites(ctx, sb, sn); err != nil {
+			return err
+		}
+	}
 	return m.boot(ctx, sb, sn)
+}
+
+// discardWrites gives stopped non-persistent sandbox sb the filesystem of
+// a first boot from sn: its writes (and any memory image) are dropped.
+// Callers hold sb's lock.
+func (m *Manager) discardWrites(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot) error {
+	rid := runtimeID(sb.ID)
+	m.discardMemory(sb.ID)
+	if err := m.cfg.Storage.Remove(ctx, rid); err != nil {
+		return fmt.Errorf("discard the filesystem of non-persistent sandbox %s: %w", sb.Name, err)
+	}
+	return m.seedIdentity(ctx, rid, sn)
 }
 
 // DeleteSandbox stops a sandbox and removes its record and all its data.
