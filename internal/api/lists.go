@@ -17,10 +17,10 @@ import (
 type listQuery struct {
 	store.ListOptions
 	kind string
-	// byOffset: the caller pages by offset (an offset, or an integer
-	// cursor as older servers returned), so next_cursor is the next
-	// offset, as it was before keyset cursors.
-	byOffset bool
+	// keyset: the caller pages the newer way (page_size without offset,
+	// or a keyset cursor), so next_cursor is an opaque keyset cursor;
+	// otherwise it stays the next offset, as older clients read it.
+	keyset bool
 }
 
 // Query parameters of the lists: every list takes pageParams; sandbox
@@ -37,7 +37,8 @@ var (
 // listOptions parses a list request of kind ("sandboxes", "snapshots",
 // "registries"): name_contains; limit or its alias page_size (1..500,
 // default 50); offset, or cursor (a next_cursor of this list, or an
-// integer offset); and for sandboxes and snapshots repeatable label=key
+// integer offset), where page_size or a keyset cursor asks for keyset
+// next_cursors and anything else keeps offset ones; and for sandboxes and snapshots repeatable label=key
 // and label=key=value (all must match), sort_by (store.SortColumns),
 // sort_order or its alias sort_direction (asc, the default, or desc),
 // created_by (me, or a user id) and status.
@@ -52,7 +53,8 @@ func listOptions(r *http.Request, kind string) (listQuery, error) {
 			return listQuery{}, errdefs.Field(k, "unknown query parameter; this list takes %s", strings.Join(allowed, ", "))
 		}
 	}
-	o := listQuery{ListOptions: store.ListOptions{NameContains: q.Get("name_contains"), Limit: 50}, kind: kind}
+	o := listQuery{ListOptions: store.ListOptions{NameContains: q.Get("name_contains"), Limit: 50}, kind: kind,
+		keyset: q.Has("page_size") && !q.Has("offset")}
 	if err := o.parsePage(q.Get("limit"), q.Get("page_size"), q.Get("offset")); err != nil {
 		return o, err
 	}
@@ -82,7 +84,7 @@ func (o *listQuery) parsePage(limit, pageSize, offset string) error {
 		if err != nil || n < 0 {
 			return errdefs.Field("offset", "must be a non-negative integer")
 		}
-		o.Offset, o.byOffset = n, true
+		o.Offset = n
 	}
 	return nil
 }
@@ -143,7 +145,7 @@ func (o *listQuery) parseCursor(c string, hasOffset bool) error {
 		return errdefs.Field("cursor", "give cursor or offset, not both")
 	}
 	if n, err := strconv.Atoi(c); err == nil && n >= 0 {
-		o.Offset, o.byOffset = n, true
+		o.Offset, o.keyset = n, false
 		return nil
 	}
 	if _, ok := listStatuses[o.kind]; !ok {
@@ -153,7 +155,7 @@ func (o *listQuery) parseCursor(c string, hasOffset bool) error {
 	if err != nil {
 		return errdefs.Field("cursor", "not a next_cursor this list returned with this sort_by and sort_order")
 	}
-	o.After = after
+	o.After, o.keyset = after, true
 	return nil
 }
 
@@ -166,16 +168,16 @@ func (o listQuery) page() store.ListOptions {
 }
 
 // pageOf trims list (fetched with o.page()) to o's page and returns the
-// page's next_cursor: nil on the last page, the next offset for callers
-// paging by offset (and lists without keyset cursors, cursor nil), else
-// the opaque cursor of the page's last record.
+// page's next_cursor: nil on the last page, the opaque cursor of the
+// page's last record for keyset callers, else (and on lists without
+// keyset cursors, cursor nil) the next offset.
 func pageOf[T any](o listQuery, list []T, cursor func(T) store.Cursor) ([]T, *string) {
 	if len(list) <= o.Limit {
 		return list, nil
 	}
 	list = list[:o.Limit]
 	var next string
-	if o.byOffset || cursor == nil {
+	if !o.keyset || cursor == nil {
 		next = strconv.Itoa(o.Offset + len(list))
 	} else {
 		next = store.EncodeCursor(o.kind, o.SortBy, o.Desc, cursor(list[len(list)-1]))

@@ -308,4 +308,7 @@ func TestSnapshotRefsAndCursorPaging(t *testing.T) {
 	if st, b := ra.do(t, "GET", boxes+"?page_size=2&cursor=2", memberKey, nil); st != 200 || at(b, "next_cursor") != "4" {
 		t.Fatalf("an integer cursor (an old next_cursor) pages by offset: %d %v", st, b)
 	}
+	if st, b := ra.do(t, "GET", boxes+"?limit=2", memberKey, nil); st != 200 || at(b, "next_cursor") != "2" {
+		t.Fatalf("limit without page_size keeps offset cursors for older clients: %d %v", st, b)
+	}
 }
