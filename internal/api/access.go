@@ -30,7 +30,7 @@ func WithAccessLog(rec accesslog.Recorder) Option {
 // auditedKinds maps a path segment to the resource kind its wildcard
 // (the next segment) names; /dp/{id} is a sandbox.
 var auditedKinds = map[string]string{
-	"boxes": "sandbox", "dp": "sandbox", "snapshots": "snapshot", "secrets": "secret", "keys": "key",
+	"boxes": "sandbox", "dp": "sandbox", "snapshots": "snapshot", "snapshots-by-name": "snapshot", "secrets": "secret", "keys": "key",
 	"shares": "share", "users": "user", "workspaces": "workspace", "registries": "registry",
 }
 

@@ -1,9 +1,9 @@
 package api
 
 import (
+	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
@@ -20,6 +20,7 @@ func (s *Server) snapshotJSON(v *sandbox.SnapshotView) protocol.Snapshot {
 		RegistryID: sn.RegistryID, CreatedBy: sn.CreatedBy, RunConfig: &rc, SourceSandboxID: sn.SourceSandboxID,
 		CreatedAt: sn.CreatedAt, UpdatedAt: sn.UpdatedAt,
 		PullBytesTotal: v.PullBytesTotal, PullBytesDone: v.PullBytesDone,
+		Tag: sn.Tag, Labels: labelsOrEmpty(sn.Labels),
 	}
 }
 
@@ -32,28 +33,16 @@ func (s *Server) sandboxJSON(sb *store.Sandbox) protocol.Sandbox {
 		RunConfig: sb.RunConfig, Runtime: sb.Runtime, CreatedBy: sb.CreatedBy,
 		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt, StoppedAt: sb.StoppedAt,
 		PreserveMemoryOnStop: sb.PreserveMemoryOnStop,
+		CPUMillicores:        sb.MilliCPUs(), Labels: labelsOrEmpty(sb.Labels), Persistent: sb.Persistent,
 	}
 }
 
-// listOptions parses name_contains, limit (1..500, default 50) and offset.
-func listOptions(r *http.Request) (store.ListOptions, error) {
-	q := r.URL.Query()
-	o := store.ListOptions{NameContains: q.Get("name_contains"), Limit: 50}
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > 500 {
-			return o, errdefs.Field("limit", "must be an integer between 1 and 500")
-		}
-		o.Limit = n
+// labelsOrEmpty makes labels encode as {} when there are none.
+func labelsOrEmpty(labels map[string]string) map[string]string {
+	if labels == nil {
+		return map[string]string{}
 	}
-	if v := q.Get("offset"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return o, errdefs.Field("offset", "must be a non-negative integer")
-		}
-		o.Offset = n
-	}
-	return o, nil
+	return labels
 }
 
 func (s *Server) createSnapshot(r *http.Request, req protocol.CreateSnapshotRequest) (protocol.Snapshot, error) {
@@ -75,14 +64,15 @@ func (s *Server) getSnapshot(r *http.Request, _ none) (protocol.Snapshot, error)
 }
 
 func (s *Server) listSnapshots(r *http.Request, _ none) (protocol.SnapshotList, error) {
-	o, err := listOptions(r)
+	o, err := listOptions(r, "snapshots")
 	if err != nil {
 		return protocol.SnapshotList{}, err
 	}
-	list, err := s.mgr.ListSnapshots(r.Context(), o)
+	list, err := s.mgr.ListSnapshots(r.Context(), o.page())
 	if err != nil {
 		return protocol.SnapshotList{}, err
 	}
+	list, next := pageOf(o, list, func(v *sandbox.SnapshotView) store.Cursor { return store.SnapshotCursor(v.Snapshot, o.SortBy) })
 	out := make([]protocol.Snapshot, len(list))
 	for i, v := range list {
 		out[i] = s.snapshotJSON(v)
@@ -90,16 +80,28 @@ func (s *Server) listSnapshots(r *http.Request, _ none) (protocol.SnapshotList, 
 		// their size does not grow with the images' Env.
 		out[i].RunConfig = nil
 	}
-	return protocol.SnapshotList{Snapshots: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))}, nil
+	return protocol.SnapshotList{Snapshots: out, Items: out, Offset: o.Offset, NextCursor: next}, nil
 }
 
-// nextCursor is the offset of the next page as a string, or nil on the last.
-func nextCursor(o store.ListOptions, n int) *string {
-	if n < o.Limit {
-		return nil
+// snapshotTags answers GET /snapshots-by-name/{name}: the tags published
+// under name among the snapshots the caller may see, oldest first; a name
+// with none the caller may see is a 404.
+func (s *Server) snapshotTags(r *http.Request, _ none) (protocol.SnapshotTags, error) {
+	name := r.PathValue("name")
+	list, err := s.mgr.ListSnapshots(r.Context(), store.ListOptions{Name: name})
+	if err != nil {
+		return protocol.SnapshotTags{}, err
 	}
-	c := strconv.Itoa(o.Offset + n)
-	return &c
+	if len(list) == 0 {
+		return protocol.SnapshotTags{}, fmt.Errorf("snapshot name %q: %w", name, errdefs.ErrNotFound)
+	}
+	out := protocol.SnapshotTags{Name: name, Tags: []protocol.SnapshotTag{}}
+	for _, v := range list {
+		if v.Tag != "" {
+			out.Tags = append(out.Tags, protocol.SnapshotTag{Tag: v.Tag, SnapshotID: v.ID})
+		}
+	}
+	return out, nil
 }
 
 func (s *Server) deleteSnapshot(r *http.Request, _ none) (noContent, error) {
@@ -135,7 +137,7 @@ func checkCreateSandbox(req *protocol.CreateSandboxRequest) error {
 		if req.SnapshotID != "" || req.SnapshotName != "" && req.SnapshotName != req.Snapshot {
 			return errdefs.Field("snapshot", "give one of snapshot_id, snapshot and snapshot_name")
 		}
-		req.SnapshotID, req.SnapshotName, req.Snapshot = strings.TrimSuffix(req.Snapshot, ":latest"), "", ""
+		req.SnapshotID, req.SnapshotName, req.Snapshot = req.Snapshot, "", ""
 	}
 	return nil
 }
@@ -171,19 +173,20 @@ func (s *Server) sandboxStatus(r *http.Request, _ none) (protocol.StatusResponse
 }
 
 func (s *Server) listSandboxes(r *http.Request, _ none) (protocol.SandboxList, error) {
-	o, err := listOptions(r)
+	o, err := listOptions(r, "sandboxes")
 	if err != nil {
 		return protocol.SandboxList{}, err
 	}
-	list, err := s.mgr.ListSandboxes(r.Context(), o)
+	list, err := s.mgr.ListSandboxes(r.Context(), o.page())
 	if err != nil {
 		return protocol.SandboxList{}, err
 	}
+	list, next := pageOf(o, list, func(sb *store.Sandbox) store.Cursor { return store.SandboxCursor(sb, o.SortBy) })
 	out := make([]protocol.Sandbox, len(list))
 	for i, sb := range list {
 		out[i] = s.sandboxJSON(sb)
 	}
-	return protocol.SandboxList{Sandboxes: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))}, nil
+	return protocol.SandboxList{Sandboxes: out, Items: out, Offset: o.Offset, NextCursor: next}, nil
 }
 
 func (s *Server) deleteSandbox(r *http.Request, _ none) (noContent, error) {

@@ -68,19 +68,20 @@ func (s *registryAPI) listRegistries(r *http.Request, _ none) (protocol.Registry
 	if err != nil {
 		return protocol.RegistryList{}, err
 	}
-	o, err := listOptions(r)
+	o, err := listOptions(r, "registries")
 	if err != nil {
 		return protocol.RegistryList{}, err
 	}
-	list, err := svc.List(r.Context(), o)
+	list, err := svc.List(r.Context(), o.page())
 	if err != nil {
 		return protocol.RegistryList{}, err
 	}
+	list, next := pageOf[*store.Registry](o, list, nil)
 	out := make([]protocol.Registry, len(list))
 	for i, reg := range list {
 		out[i] = registry.JSON(reg)
 	}
-	return protocol.RegistryList{Registries: out, Items: out, Offset: o.Offset, NextCursor: nextCursor(o, len(out))}, nil
+	return protocol.RegistryList{Registries: out, Items: out, Offset: o.Offset, NextCursor: next}, nil
 }
 
 func (s *registryAPI) getRegistry(r *http.Request, _ none) (protocol.Registry, error) {

@@ -127,6 +127,7 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	for _, p := range prefixes {
 		s.handle("POST "+p+"/snapshots", jsonHandler(http.StatusCreated, nil, s.createSnapshot))
 		s.handle("GET "+p+"/snapshots", jsonHandler(http.StatusOK, nil, s.listSnapshots))
+		s.handle("GET "+p+"/snapshots-by-name/{name}", jsonHandler(http.StatusOK, nil, s.snapshotTags))
 		s.handle("GET "+p+"/snapshots/{id}", jsonHandler(http.StatusOK, nil, s.getSnapshot))
 		s.handle("DELETE "+p+"/snapshots/{id}", jsonHandler(http.StatusOK, nil, s.deleteSnapshot))
 		s.handle("POST "+p+"/boxes", jsonHandler(http.StatusCreated, checkCreateSandbox, s.createSandbox))

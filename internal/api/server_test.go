@@ -142,7 +142,7 @@ func TestUnknownFieldsRefused(t *testing.T) {
 }
 
 // TestClientFields: the members the official clients send are accepted;
-// snapshot (Python) reaches the manager as snapshot_id, ":latest" dropped;
+// snapshot (Python) reaches the manager as snapshot_id, name:tag whole;
 // mount_config, which Cubicle cannot honour, and malformed access
 // delegations are refused naming the field.
 func TestClientFields(t *testing.T) {
@@ -154,7 +154,7 @@ func TestClientFields(t *testing.T) {
 	if st != 201 || field(body, "name") != "n1" || field(body, "dataplane_url") != "http://api.test/dp/id-n1" {
 		t.Fatalf("create with every client field: %d %v", st, body)
 	}
-	if ta.mgr.create.SnapshotID != "base" || ta.mgr.create.Snapshot != "" {
+	if ta.mgr.create.SnapshotID != "base:latest" || ta.mgr.create.Snapshot != "" {
 		t.Fatalf("snapshot reached the manager as %+v", ta.mgr.create)
 	}
 	for _, body := range []string{
@@ -229,7 +229,8 @@ func TestErrorMapping(t *testing.T) {
 
 // TestPagination: limit and offset reach the store; out-of-range values
 // are 422s naming the parameter; next_cursor is the next offset on a full
-// page and null on a short one; items mirrors the named list.
+// page with another after it and null on the last; items mirrors the named
+// list.
 func TestPagination(t *testing.T) {
 	ta := newTestAPI(t, true)
 	for _, list := range []string{"/v2/sandboxes/boxes", "/v2/sandboxes/snapshots"} {
@@ -241,22 +242,22 @@ func TestPagination(t *testing.T) {
 				t.Errorf("%s?%s: %d %v", list, q.query, st, body)
 			}
 		}
-		ta.mgr.listN = 2
+		ta.mgr.listN = 3 // the store is asked for one more than the page
 		st, body := ta.do(t, "GET", list+"?limit=2&offset=4&name_contains=bo", memberKey, nil)
-		if st != 200 || field(body, "next_cursor") != "6" || field(body, "offset") != float64(4) {
+		if items, _ := field(body, "items").([]any); st != 200 || field(body, "next_cursor") != "6" || field(body, "offset") != float64(4) || len(items) != 2 {
 			t.Fatalf("%s full page: %d %v", list, st, body)
 		}
-		if o := ta.mgr.list; o.Limit != 2 || o.Offset != 4 || o.NameContains != "bo" {
+		if o := ta.mgr.list; o.Limit != 3 || o.Offset != 4 || o.NameContains != "bo" {
 			t.Fatalf("%s: store got %+v", list, o)
 		}
-		ta.mgr.listN = 1
+		ta.mgr.listN = 2
 		st, body = ta.do(t, "GET", list+"?limit=2&offset=4", memberKey, nil)
 		items, _ := field(body, "items").([]any)
-		if st != 200 || field(body, "next_cursor") != nil || len(items) != 1 {
+		if st != 200 || field(body, "next_cursor") != nil || len(items) != 2 {
 			t.Fatalf("%s short page: %d %v", list, st, body)
 		}
 		ta.mgr.listN = 0
-		if _, body = ta.do(t, "GET", list, memberKey, nil); ta.mgr.list.Limit != 50 || ta.mgr.list.Offset != 0 {
+		if _, body = ta.do(t, "GET", list, memberKey, nil); ta.mgr.list.Limit != 51 || ta.mgr.list.Offset != 0 {
 			t.Fatalf("%s default page: store got %+v (%v)", list, ta.mgr.list, body)
 		}
 	}
@@ -527,8 +528,14 @@ func TestRegistries(t *testing.T) {
 	if st, body := ta.do(t, "POST", base, adminKey, `{"name":"r","url":"ghcr.io","username":"u","password":"p"}`); st != 201 || field(body, "id") != "r-r" || strings.Contains(fmt.Sprint(body), "\"p\"") {
 		t.Fatalf("create: %d %v", st, body)
 	}
+	if st, body := ta.do(t, "GET", base+"?limit=1", adminKey, nil); st != 200 || field(body, "next_cursor") != nil {
+		t.Fatalf("list of the only registry: %d %v", st, body)
+	}
+	if st, body := ta.do(t, "POST", base, adminKey, `{"name":"r2","url":"ghcr.io","username":"u","password":"p"}`); st != 201 {
+		t.Fatalf("create r2: %d %v", st, body)
+	}
 	if st, body := ta.do(t, "GET", base+"?limit=1", adminKey, nil); st != 200 || field(body, "next_cursor") != "1" {
-		t.Fatalf("list: %d %v", st, body)
+		t.Fatalf("list with a page after: %d %v", st, body)
 	}
 	if st, body := ta.do(t, "PATCH", base+"/r", adminKey, `{"url":"quay.io"}`); st != 200 || field(body, "url") != "quay.io" {
 		t.Fatalf("patch: %d %v", st, body)

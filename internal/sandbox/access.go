@@ -60,14 +60,14 @@ func (m *Manager) checkSnapshot(ctx context.Context, p auth.Principal, sn *store
 	return authz.Check(p, r, op, "snapshot "+ref)
 }
 
-// visibleSnapshot loads snapshot id of the caller's workspace if the
+// visibleSnapshot loads snapshot id (or name[:tag]) of the caller's workspace if the
 // caller may perform op on it (as visible does for sandboxes).
 func (m *Manager) visibleSnapshot(ctx context.Context, id string, op authz.Op) (*store.Snapshot, error) {
 	p, err := principalOf(ctx)
 	if err != nil {
 		return nil, err
 	}
-	sn, err := m.cfg.Store.GetSnapshot(ctx, p.WorkspaceID, id)
+	sn, err := m.snapshotByRef(ctx, p.WorkspaceID, id)
 	if err != nil {
 		return nil, err
 	}

@@ -46,7 +46,7 @@ type identity struct {
 func (m *Manager) identityOf(sb *store.Sandbox, token string) identity {
 	return identity{
 		id: sb.ID, workspace: sb.WorkspaceID, name: sb.Name, hostname: hostname(sb), token: token, proxyConfig: sb.ProxyConfig,
-		limits: runtime.Limits{MilliCPUs: sb.VCPUs * 1000, MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
+		limits: runtime.Limits{MilliCPUs: sb.MilliCPUs(), MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
 	}
 }
 

@@ -60,6 +60,12 @@ func validateCaptureRequest(req protocol.CaptureSnapshotRequest, lim LimitPolicy
 	if err := validateSize("fs_capacity_bytes", req.FSCapacityBytes, lim.MaxFSBytes); err != nil {
 		return err
 	}
+	if _, err := snapshotTag(req.Tag); err != nil {
+		return err
+	}
+	if err := validateLabels("labels", req.Labels); err != nil {
+		return err
+	}
 	return validateRunConfig("run_config", req.RunConfig)
 }
 
@@ -82,9 +88,14 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 	if err != nil {
 		return nil, fmt.Errorf("snapshot of sandbox %s: %w", sb.Name, err)
 	}
+	tag, _ := snapshotTag(req.Tag) // checked by validateCaptureRequest
+	labels, err := layerLabels("labels", sb.Labels, req.Labels)
+	if err != nil {
+		return nil, err
+	}
 	now := time.Now().UTC()
 	sn := &store.Snapshot{
-		ID: uuid.NewString(), WorkspaceID: workspaceID, CreatedBy: user, Name: req.Name,
+		ID: uuid.NewString(), WorkspaceID: workspaceID, CreatedBy: user, Name: req.Name, Tag: tag, Labels: labels,
 		Status: protocol.SnapshotReady, DockerImage: parent.DockerImage, ImageDigest: parent.ImageDigest,
 		FSCapacityBytes: or(req.FSCapacityBytes, sb.FSCapacityBytes), SourceSandboxID: sb.ID, ProxyConfig: sb.ProxyConfig,
 		RunConfig: parent.RunConfig.Layer(sb.RunConfig).Layer(req.RunConfig), CreatedAt: now, UpdatedAt: now,

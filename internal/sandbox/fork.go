@@ -256,10 +256,7 @@ func (m *Manager) layersOf(ctx context.Context, ref string) ([]string, error) {
 	if !errdefs.IsNotFound(err) {
 		return nil, err
 	}
-	sn, err := m.cfg.Store.GetSnapshot(ctx, p.WorkspaceID, ref)
-	if errdefs.IsNotFound(err) {
-		sn, err = m.cfg.Store.SnapshotByName(ctx, p.WorkspaceID, ref)
-	}
+	sn, err := m.snapshotByRef(ctx, p.WorkspaceID, ref)
 	if errdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("no sandbox or snapshot %q: %w", ref, errdefs.ErrNotFound)
 	}

@@ -45,7 +45,14 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 		return nil, nil, err
 	}
 	lim := m.cfg.Limits
+	if req.VCPUs, err = reconcileCPU(req.VCPUs, req.CPUMillicores, lim); err != nil {
+		return nil, nil, err
+	}
 	if err := validateSandboxRequest(req, lim, m.ttlUnit()); err != nil {
+		return nil, nil, err
+	}
+	rc, err := withEnvVars(req.RunConfig, req.EnvVars)
+	if err != nil {
 		return nil, nil, err
 	}
 	if err := m.checkPreserveMemory(req.PreserveMemoryOnStop); err != nil {
@@ -62,6 +69,10 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 	if err := m.validateEgress(ctx, proxyConfig); err != nil {
 		return nil, nil, err
 	}
+	labels, err := layerLabels("labels", sn.Labels, req.Labels)
+	if err != nil {
+		return nil, nil, err
+	}
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
 		ID: uuid.NewString(), WorkspaceID: p.WorkspaceID, CreatedBy: p.User, Name: req.Name,
@@ -70,8 +81,9 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 		FSCapacityBytes:        or(req.FSCapacityBytes, sn.FSCapacityBytes),
 		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
 		DeleteAfterStopSeconds: or(req.DeleteAfterStopSeconds, lim.DefaultDeleteAfterStop),
-		RunConfig:              req.RunConfig, Token: randomHex(32), CreatedAt: now, UpdatedAt: now,
+		RunConfig:              rc, Token: randomHex(32), CreatedAt: now, UpdatedAt: now,
 		ProxyConfig: proxyConfig, PreserveMemoryOnStop: req.PreserveMemoryOnStop != nil && *req.PreserveMemoryOnStop,
+		CPUMillicores: or(req.CPUMillicores, 0), Labels: labels, Persistent: req.Persistent == nil || *req.Persistent,
 	}
 	if sb.Name == "" {
 		sb.Name = "sandbox-" + randomHex(4)
@@ -282,7 +294,24 @@ func (m *Manager) wake(ctx context.Context, id string, explicit bool) error {
 	if err != nil {
 		return fmt.Errorf("snapshot of sandbox %s: %w", sb.Name, err)
 	}
+	if statusOf(sb) == Stopped && !sb.Persistent {
+		if err := m.discardWrites(ctx, sb, sn); err != nil {
+			return err
+		}
+	}
 	return m.boot(ctx, sb, sn)
+}
+
+// discardWrites gives stopped non-persistent sandbox sb the filesystem of
+// a first boot from sn: its writes (and any memory image) are dropped.
+// Callers hold sb's lock.
+func (m *Manager) discardWrites(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot) error {
+	rid := runtimeID(sb.ID)
+	m.discardMemory(sb.ID)
+	if err := m.cfg.Storage.Remove(ctx, rid); err != nil {
+		return fmt.Errorf("discard the filesystem of non-persistent sandbox %s: %w", sb.Name, err)
+	}
+	return m.seedIdentity(ctx, rid, sn)
 }
 
 // DeleteSandbox stops a sandbox and removes its record and all its data.

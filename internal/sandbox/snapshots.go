@@ -37,6 +37,10 @@ func (m *Manager) CreateSnapshot(ctx context.Context, req protocol.CreateSnapsho
 	if err := validateSnapshotRequest(req, m.cfg.Limits); err != nil {
 		return nil, err
 	}
+	tag, err := snapshotTag(req.Tag)
+	if err != nil {
+		return nil, err
+	}
 	if image.IsDigest(req.DockerImage) {
 		// A bare digest names a local image or nothing: answer now, with
 		// the same 404 whether another workspace holds it or no one does.
@@ -57,7 +61,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, req protocol.CreateSnapsho
 	sn := &store.Snapshot{
 		ID: uuid.NewString(), WorkspaceID: p.WorkspaceID, CreatedBy: p.User, Name: req.Name,
 		Status: protocol.SnapshotBuilding, DockerImage: req.DockerImage, RegistryID: req.RegistryID,
-		FSCapacityBytes: req.FSCapacityBytes, CreatedAt: now, UpdatedAt: now,
+		FSCapacityBytes: req.FSCapacityBytes, CreatedAt: now, UpdatedAt: now, Tag: tag, Labels: req.Labels,
 	}
 	if req.RunConfig != nil {
 		sn.RunConfig = *req.RunConfig
@@ -208,6 +212,17 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	return m.removeSnapshotData(ctx, sn)
 }
 
+// snapshotByRef loads snapshot ref of workspaceID: an id, else a
+// Docker-style name[:tag] (see store.Store.SnapshotByName).
+func (m *Manager) snapshotByRef(ctx context.Context, workspaceID, ref string) (*store.Snapshot, error) {
+	sn, err := m.cfg.Store.GetSnapshot(ctx, workspaceID, ref)
+	if errdefs.IsNotFound(err) {
+		name, tag := SplitSnapshotRef(ref)
+		sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, name, tag)
+	}
+	return sn, err
+}
+
 // resolveSnapshot finds the snapshot a create request names: by id, by
 // name, or — when neither is given — the workspace's newest ready snapshot
 // called "default"; the caller must have use of it (authz.BootSnapshot).
@@ -216,15 +231,12 @@ func (m *Manager) resolveSnapshot(ctx context.Context, workspaceID string, req p
 	var err error
 	switch {
 	case req.SnapshotID != "":
-		sn, err = m.cfg.Store.GetSnapshot(ctx, workspaceID, req.SnapshotID)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			// Accept a name where an id is expected, as the OpenAPI docs allow.
-			sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, req.SnapshotID)
-		}
+		// Accept a name[:tag] where an id is expected, as the OpenAPI docs allow.
+		sn, err = m.snapshotByRef(ctx, workspaceID, req.SnapshotID)
 	case req.SnapshotName != "":
-		sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, req.SnapshotName)
+		sn, err = m.snapshotByRef(ctx, workspaceID, req.SnapshotName)
 	default:
-		sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, "default")
+		sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, "default", "")
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil, fmt.Errorf("no snapshot given and no snapshot named \"default\" exists: %w", errdefs.ErrNotFound)
 		}

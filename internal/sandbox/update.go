@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/authz"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -33,6 +34,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	if req.Empty() {
 		return sb, nil
 	}
+	if req.VCPUs, err = reconcileCPU(req.VCPUs, req.CPUMillicores, m.cfg.Limits); err != nil {
+		return nil, err
+	}
 	if err := validateUpdateRequest(req, m.cfg.Limits, m.ttlUnit()); err != nil {
 		return nil, err
 	}
@@ -44,6 +48,9 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 		return nil, err
 	}
 	defer unlock()
+	if req.PreserveMemoryOnStop != nil && *req.PreserveMemoryOnStop && !sb.Persistent {
+		return nil, errdefs.Field("preserve_memory_on_stop", "requires a persistent sandbox; %s was created with persistent: false", sb.Name)
+	}
 	if req.Resizes() {
 		// Held until the record is written, which makes the claim visible.
 		release, err := m.quota.reserve(ctx, sb.WorkspaceID, resizeClaim(sb, req))
@@ -79,6 +86,13 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	if req.RunConfig != nil {
 		rc := *req.RunConfig
 		sb.RunConfig = &rc
+	}
+	if req.Labels != nil {
+		sb.Labels = req.Labels
+	}
+	if req.VCPUs != nil {
+		// vcpus alone is whole cores; with cpu_millicores, their round-up.
+		sb.CPUMillicores = or(req.CPUMillicores, 0)
 	}
 	sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes = or(req.VCPUs, sb.VCPUs), or(req.MemBytes, sb.MemBytes), or(req.FSCapacityBytes, sb.FSCapacityBytes)
 	sb.UpdatedAt = time.Now().UTC()

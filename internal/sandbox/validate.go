@@ -80,6 +80,9 @@ func validateSnapshotRequest(req protocol.CreateSnapshotRequest, lim LimitPolicy
 	if err := validateSize("fs_capacity_bytes", &fs, lim.MaxFSBytes); err != nil {
 		return err
 	}
+	if err := validateLabels("labels", req.Labels); err != nil {
+		return err
+	}
 	return validateRunConfig("run_config", req.RunConfig)
 }
 
@@ -104,7 +107,64 @@ func validateSandboxRequest(req protocol.CreateSandboxRequest, lim LimitPolicy, 
 	if err := validateTTL("delete_after_stop_seconds", req.DeleteAfterStopSeconds, ttlUnit); err != nil {
 		return err
 	}
+	if err := validateLabels("labels", req.Labels); err != nil {
+		return err
+	}
+	if len(req.TagValueIDs) > 0 {
+		return errNoResourceTags
+	}
+	if req.Persistent != nil && !*req.Persistent && req.PreserveMemoryOnStop != nil && *req.PreserveMemoryOnStop {
+		return errdefs.Field("preserve_memory_on_stop", "requires a persistent sandbox (persistent: false discards the filesystem at every stop)")
+	}
+	if err := validateRunConfig("env_vars", &protocol.RunConfig{EnvVars: req.EnvVars}); err != nil {
+		return err
+	}
 	return validateRunConfig("run_config", req.RunConfig)
+}
+
+// errNoResourceTags refuses tag_value_ids: Cubicle has no LangSmith
+// resource tags to attach.
+var errNoResourceTags = errdefs.Field("tag_value_ids", "resource tags are not supported by this server; use labels")
+
+// minMilliCPUs is the least CPU a sandbox may ask for.
+const minMilliCPUs = 100
+
+// reconcileCPU returns the vCPUs a request asks for given its vcpus and
+// cpu_millicores: millicores, when given, set the vCPUs to their round-up
+// (which quotas count; the runtime enforces the exact millicores), and
+// vcpus given as well must be that round-up.
+func reconcileCPU(vcpus, millis *int64, lim LimitPolicy) (*int64, error) {
+	if millis == nil {
+		return vcpus, nil
+	}
+	if *millis < minMilliCPUs || *millis > lim.MaxVCPUs*1000 {
+		return nil, errdefs.Field("cpu_millicores", "must be between %d and %d", minMilliCPUs, lim.MaxVCPUs*1000)
+	}
+	n := (*millis + 999) / 1000
+	if vcpus != nil && *vcpus != n {
+		return nil, errdefs.Field("cpu_millicores", "%d millicores round up to %d vCPUs but vcpus is %d: give one of them, or make them agree", *millis, n, *vcpus)
+	}
+	return &n, nil
+}
+
+// withEnvVars returns rc with a create request's top-level env_vars
+// merged into its env_vars; a variable in both with different values is
+// refused.
+func withEnvVars(rc *protocol.RunConfig, env map[string]string) (*protocol.RunConfig, error) {
+	if len(env) == 0 {
+		return rc, nil
+	}
+	out := protocol.RunConfig{}.Layer(rc)
+	if out.EnvVars == nil {
+		out.EnvVars = map[string]string{}
+	}
+	for k, v := range env {
+		if old, ok := out.EnvVars[k]; ok && old != v {
+			return nil, errdefs.Field("env_vars."+k, "run_config.env_vars sets it to another value; set it in one place")
+		}
+		out.EnvVars[k] = v
+	}
+	return &out, nil
 }
 
 // validateResources checks the resources a create or resize asks for
@@ -134,6 +194,12 @@ func validateResources(vcpus, memBytes, fsBytes *int64, lim LimitPolicy) error {
 func validateUpdateRequest(req protocol.UpdateSandboxRequest, lim LimitPolicy, ttlUnit int64) error {
 	if err := validateResources(req.VCPUs, req.MemBytes, req.FSCapacityBytes, lim); err != nil {
 		return err
+	}
+	if err := validateLabels("labels", req.Labels); err != nil {
+		return err
+	}
+	if len(req.TagValueIDs) > 0 {
+		return errNoResourceTags
 	}
 	if req.Name != nil {
 		if err := store.ValidateName("name", *req.Name); err != nil {

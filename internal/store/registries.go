@@ -77,7 +77,10 @@ func (s *SQLite) GetRegistryByID(ctx context.Context, workspaceID, id string) (*
 
 // ListRegistries lists a workspace's registries, oldest first.
 func (s *SQLite) ListRegistries(ctx context.Context, workspaceID string, o ListOptions) ([]*Registry, error) {
-	clause, args := listClause("registries", o)
+	clause, args, err := listClause("registries", o)
+	if err != nil {
+		return nil, err
+	}
 	rows, err := s.db.QueryContext(ctx, `SELECT `+registryCols+` FROM registries WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
 	if err != nil {
 		return nil, fmt.Errorf("list registries: %w", err)

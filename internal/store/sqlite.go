@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -212,6 +213,16 @@ var migrations = []string{
 	CREATE TRIGGER IF NOT EXISTS snapshots_drop_shares AFTER DELETE ON snapshots BEGIN
 		DELETE FROM shares WHERE resource_kind='snapshot' AND resource_id=OLD.id;
 	END;`,
+	// 11: the 0.12 create options: labels on sandboxes and snapshots
+	// (JSON objects), CPU in millicores (0: vcpus whole cores),
+	// non-persistent sandboxes, and snapshot tags (at most one holder of
+	// a name:tag in a workspace; '' is untagged).
+	`ALTER TABLE sandboxes ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
+	ALTER TABLE sandboxes ADD COLUMN cpu_millicores INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE sandboxes ADD COLUMN persistent INTEGER NOT NULL DEFAULT 1;
+	ALTER TABLE snapshots ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
+	ALTER TABLE snapshots ADD COLUMN tag TEXT NOT NULL DEFAULT '';
+	CREATE UNIQUE INDEX IF NOT EXISTS snapshots_tag ON snapshots(workspace_id, name, tag) WHERE tag <> '';`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -277,18 +288,18 @@ func isUnique(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
 }
 
-const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config`
+const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag`
 
 // snapshotGet selects one snapshot with its run config (rows from before
 // migration 5 keep theirs inline in run_config).
 const snapshotGet = `SELECT s.id, s.workspace_id, s.created_by, s.name, s.status, s.status_message, s.docker_image, s.image_digest,
-	s.registry_id, s.fs_capacity_bytes, COALESCE(r.body, s.run_config), s.layers, s.created_at, s.updated_at, s.source_sandbox_id, s.run_config_id, s.proxy_config
-	FROM snapshots s LEFT JOIN run_configs r ON r.id = s.run_config_id`
+	s.registry_id, s.fs_capacity_bytes, COALESCE(r.body, s.run_config), s.layers, s.created_at, s.updated_at, s.source_sandbox_id, s.run_config_id, s.proxy_config,
+	s.labels, s.tag FROM snapshots s LEFT JOIN run_configs r ON r.id = s.run_config_id`
 
 // snapshotList selects snapshots without their run configs, so a list
 // costs the same whatever the images' Env.
 const snapshotList = `SELECT id, workspace_id, created_by, name, status, status_message, docker_image, image_digest,
-	registry_id, fs_capacity_bytes, '{}', layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config FROM snapshots`
+	registry_id, fs_capacity_bytes, '{}', layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag FROM snapshots`
 
 // putRunConfig stores rc once by content and returns its id.
 func putRunConfig(ctx context.Context, tx *sql.Tx, rc protocol.RunConfig) (string, error) {
@@ -325,7 +336,8 @@ func (s *SQLite) inTx(ctx context.Context, fn func(*sql.Tx) error) error {
 	return tx.Commit()
 }
 
-// CreateSnapshot inserts a snapshot record.
+// CreateSnapshot inserts a snapshot record. Its tag moves to it: the
+// snapshot of the same name that held the tag becomes untagged.
 func (s *SQLite) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
 	layers, _ := json.Marshal(sn.Layers)
 	return s.inTx(ctx, func(tx *sql.Tx) error {
@@ -333,10 +345,15 @@ func (s *SQLite) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
 		if err != nil {
 			return err
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		if sn.Tag != "" {
+			if _, err := tx.ExecContext(ctx, `UPDATE snapshots SET tag='' WHERE workspace_id=? AND name=? AND tag=?`, sn.WorkspaceID, sn.Name, sn.Tag); err != nil {
+				return fmt.Errorf("move tag %s:%s: %w", sn.Name, sn.Tag, err)
+			}
+		}
+		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			sn.ID, sn.WorkspaceID, sn.CreatedBy, sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest,
 			sn.RegistryID, sn.FSCapacityBytes, "{}", string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt), sn.SourceSandboxID, rcID,
-			nullJSON(sn.ProxyConfig))
+			nullJSON(sn.ProxyConfig), labelsJSON(sn.Labels), sn.Tag)
 		if err != nil {
 			return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
 		}
@@ -402,9 +419,14 @@ func scanSnapshot(row scanner) (*Snapshot, error) {
 	var rc, layers, created, updated string
 	var rcID string
 	var proxy sql.NullString
+	var labels string
 	if err := row.Scan(&sn.ID, &sn.WorkspaceID, &sn.CreatedBy, &sn.Name, &sn.Status, &sn.StatusMessage, &sn.DockerImage,
-		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated, &sn.SourceSandboxID, &rcID, &proxy); err != nil {
+		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated, &sn.SourceSandboxID, &rcID, &proxy,
+		&labels, &sn.Tag); err != nil {
 		return nil, err
+	}
+	if err := json.Unmarshal([]byte(labels), &sn.Labels); err != nil {
+		return nil, fmt.Errorf("decode labels of snapshot %s: %w", sn.ID, err)
 	}
 	if proxy.Valid {
 		sn.ProxyConfig = []byte(proxy.String)
@@ -424,30 +446,97 @@ func (s *SQLite) GetSnapshot(ctx context.Context, workspaceID, id string) (*Snap
 	return queryOne(ctx, s.db, "snapshot", scanSnapshot, id, snapshotGet+` WHERE s.workspace_id=? AND s.id=?`, workspaceID, id)
 }
 
-// SnapshotByName returns the newest snapshot called name in workspaceID.
-func (s *SQLite) SnapshotByName(ctx context.Context, workspaceID, name string) (*Snapshot, error) {
-	return queryOne(ctx, s.db, "snapshot", scanSnapshot, name, snapshotGet+` WHERE s.workspace_id=? AND s.name=? ORDER BY s.created_at DESC LIMIT 1`, workspaceID, name)
+// SnapshotByName returns snapshot name:tag in workspaceID; with tag ""
+// or "latest" the one tagged latest, else the newest called name (a
+// snapshot from before tags, or whose latest tag was deleted).
+func (s *SQLite) SnapshotByName(ctx context.Context, workspaceID, name, tag string) (*Snapshot, error) {
+	if tag != "" && tag != "latest" {
+		return queryOne(ctx, s.db, "snapshot", scanSnapshot, name+":"+tag, snapshotGet+` WHERE s.workspace_id=? AND s.name=? AND s.tag=?`, workspaceID, name, tag)
+	}
+	return queryOne(ctx, s.db, "snapshot", scanSnapshot, name, snapshotGet+` WHERE s.workspace_id=? AND s.name=?
+		ORDER BY s.tag = 'latest' DESC, s.created_at DESC LIMIT 1`, workspaceID, name)
+}
+
+// labelsJSON encodes labels as stored: a JSON object, never null.
+func labelsJSON(labels map[string]string) string {
+	if labels == nil {
+		return "{}"
+	}
+	b, _ := json.Marshal(labels)
+	return string(b)
+}
+
+// sortExpr is the SQL expression list kind sorts by for column col, and
+// whether col may be sorted by. NULLs sort as "" so keyset comparisons
+// hold.
+func sortExpr(kind, col string) (string, bool) {
+	if col == "" {
+		col = "created_at"
+	}
+	if !slices.Contains(SortColumns[kind], col) {
+		return "", false
+	}
+	if col == "stopped_at" {
+		return "COALESCE(stopped_at, '')", true
+	}
+	return col, true
 }
 
 // listClause is the filter, order and page of a list of kind (the table
-// name, for the visibility filter).
-func listClause(kind string, o ListOptions) (string, []any) {
-	where, args := "", []any{}
+// name, for the visibility filter and the sort columns).
+func listClause(kind string, o ListOptions) (string, []any, error) {
+	var where strings.Builder
+	args := []any{}
+	add := func(clause string, a ...any) {
+		where.WriteString(clause)
+		args = append(args, a...)
+	}
 	if o.NameContains != "" {
-		where = ` AND instr(lower(name), lower(?)) > 0`
-		args = append(args, o.NameContains)
+		add(` AND instr(lower(name), lower(?)) > 0`, o.NameContains)
+	}
+	if o.Name != "" {
+		add(` AND name=?`, o.Name)
 	}
 	if o.VisibleTo != "" {
 		w, a := visibleClause(kind, o.VisibleTo)
-		where += w
-		args = append(args, a...)
+		add(w, a...)
+	}
+	if o.CreatedBy != "" {
+		add(` AND created_by=?`, o.CreatedBy)
+	}
+	if o.Status != "" {
+		add(` AND status=?`, o.Status)
+	}
+	for _, l := range o.Labels {
+		if l.HasValue {
+			add(` AND EXISTS (SELECT 1 FROM json_each(labels) WHERE key=? AND value=?)`, l.Key, l.Value)
+		} else {
+			add(` AND EXISTS (SELECT 1 FROM json_each(labels) WHERE key=?)`, l.Key)
+		}
+	}
+	expr, ok := sortExpr(kind, o.SortBy)
+	if !ok {
+		return "", nil, fmt.Errorf("sort %s by %q: %w", kind, o.SortBy, errdefs.ErrInvalid)
+	}
+	dir, cmp := "ASC", ">"
+	if o.Desc {
+		dir, cmp = "DESC", "<"
+	}
+	offset := o.Offset
+	if c := o.After; c != nil {
+		v := c.Value
+		if v == nil {
+			v = ""
+		}
+		add(fmt.Sprintf(` AND (%[1]s %[2]s ? OR (%[1]s = ? AND id %[2]s ?))`, expr, cmp), v, v, c.ID)
+		offset = 0
 	}
 	limit := o.Limit
 	if limit <= 0 {
 		limit = -1
 	}
-	args = append(args, limit, o.Offset)
-	return where + ` ORDER BY created_at, id LIMIT ? OFFSET ?`, args
+	args = append(args, limit, offset)
+	return where.String() + fmt.Sprintf(` ORDER BY %s %s, id %s LIMIT ? OFFSET ?`, expr, dir, dir), args, nil
 }
 
 // visibleClause keeps the records of kind user may see (ListOptions.VisibleTo).
@@ -466,7 +555,10 @@ func visibleClause(kind, user string) (string, []any) {
 // ListSnapshots lists a workspace's snapshots, oldest first, without run
 // configs.
 func (s *SQLite) ListSnapshots(ctx context.Context, workspaceID string, o ListOptions) ([]*Snapshot, error) {
-	clause, args := listClause("snapshots", o)
+	clause, args, err := listClause("snapshots", o)
+	if err != nil {
+		return nil, err
+	}
 	return queryAll(ctx, s.db, "snapshots", scanSnapshot, snapshotList+` WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
 }
 
@@ -519,7 +611,7 @@ func (s *SQLite) DeleteSnapshot(ctx context.Context, workspaceID, id string) err
 	})
 }
 
-const sandboxCols = `id, workspace_id, created_by, name, status, status_message, snapshot_id, runtime, vcpus, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, run_config, token, created_at, updated_at, stopped_at, proxy_config, last_active_at, preserve_memory_on_stop`
+const sandboxCols = `id, workspace_id, created_by, name, status, status_message, snapshot_id, runtime, vcpus, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, run_config, token, created_at, updated_at, stopped_at, proxy_config, last_active_at, preserve_memory_on_stop, labels, cpu_millicores, persistent`
 
 func nullRunConfig(rc *protocol.RunConfig) any {
 	if rc == nil {
@@ -552,11 +644,11 @@ func nullTime(t *time.Time) any {
 
 // CreateSandbox inserts a sandbox record; a name clash wraps ErrConflict.
 func (s *SQLite) CreateSandbox(ctx context.Context, sb *Sandbox) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		sb.ID, sb.WorkspaceID, sb.CreatedBy, sb.Name, sb.Status, sb.StatusMessage, sb.SnapshotID, sb.Runtime,
 		sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds,
 		nullRunConfig(sb.RunConfig), sb.Token, fmtTime(sb.CreatedAt), fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt),
-		nullJSON(sb.ProxyConfig), nullFixedTime(sb.LastActiveAt), sb.PreserveMemoryOnStop)
+		nullJSON(sb.ProxyConfig), nullFixedTime(sb.LastActiveAt), sb.PreserveMemoryOnStop, labelsJSON(sb.Labels), sb.CPUMillicores, sb.Persistent)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
 	}
@@ -572,10 +664,10 @@ func (s *SQLite) CreateSandbox(ctx context.Context, sb *Sandbox) error {
 func (s *SQLite) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE sandboxes SET name=?, status=?, status_message=?, idle_ttl_seconds=?,
 		delete_after_stop_seconds=?, run_config=?, updated_at=?, stopped_at=?, proxy_config=?, vcpus=?, mem_bytes=?, fs_capacity_bytes=?,
-		preserve_memory_on_stop=? WHERE id=?`,
+		preserve_memory_on_stop=?, labels=?, cpu_millicores=? WHERE id=?`,
 		sb.Name, sb.Status, sb.StatusMessage, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds, nullRunConfig(sb.RunConfig),
 		fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt), nullJSON(sb.ProxyConfig), sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes,
-		sb.PreserveMemoryOnStop, sb.ID)
+		sb.PreserveMemoryOnStop, labelsJSON(sb.Labels), sb.CPUMillicores, sb.ID)
 	if isUnique(err) {
 		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
 	}
@@ -591,11 +683,15 @@ func (s *SQLite) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 func scanSandbox(row scanner) (*Sandbox, error) {
 	var sb Sandbox
 	var rc, stopped, proxy, active sql.NullString
-	var created, updated string
+	var created, updated, labels string
 	if err := row.Scan(&sb.ID, &sb.WorkspaceID, &sb.CreatedBy, &sb.Name, &sb.Status, &sb.StatusMessage, &sb.SnapshotID,
 		&sb.Runtime, &sb.VCPUs, &sb.MemBytes, &sb.FSCapacityBytes, &sb.IdleTTLSeconds, &sb.DeleteAfterStopSeconds,
-		&rc, &sb.Token, &created, &updated, &stopped, &proxy, &active, &sb.PreserveMemoryOnStop); err != nil {
+		&rc, &sb.Token, &created, &updated, &stopped, &proxy, &active, &sb.PreserveMemoryOnStop,
+		&labels, &sb.CPUMillicores, &sb.Persistent); err != nil {
 		return nil, err
+	}
+	if err := json.Unmarshal([]byte(labels), &sb.Labels); err != nil {
+		return nil, fmt.Errorf("decode labels of sandbox %s: %w", sb.ID, err)
 	}
 	if proxy.Valid {
 		sb.ProxyConfig = []byte(proxy.String)
@@ -630,7 +726,10 @@ func (s *SQLite) GetSandboxByID(ctx context.Context, id string) (*Sandbox, error
 
 // ListSandboxes lists a workspace's sandboxes, oldest first.
 func (s *SQLite) ListSandboxes(ctx context.Context, workspaceID string, o ListOptions) ([]*Sandbox, error) {
-	clause, args := listClause("sandboxes", o)
+	clause, args, err := listClause("sandboxes", o)
+	if err != nil {
+		return nil, err
+	}
 	return queryAll(ctx, s.db, "sandboxes", scanSandbox, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
 }
 

@@ -131,6 +131,11 @@ type Snapshot struct {
 	// the snapshot (every branch of a fork) inherit it unless their create
 	// request gives their own. It may hold opaque values: never echoed.
 	ProxyConfig []byte
+	// Tag is the snapshot's Docker-style tag under Name: at most one
+	// snapshot of a workspace holds a (Name, Tag), and "" is untagged.
+	Tag string
+	// Labels are key/value metadata (never nil once read).
+	Labels map[string]string
 }
 
 // Sandbox is one isolated machine. Records are written only by the sandbox
@@ -164,6 +169,23 @@ type Sandbox struct {
 	// PreserveMemoryOnStop makes a stop checkpoint the sandbox's memory,
 	// which the next start restores.
 	PreserveMemoryOnStop bool
+	// CPUMillicores is the CPU bandwidth asked at millicore granularity;
+	// 0 means VCPUs whole cores. When set, VCPUs is it rounded up.
+	CPUMillicores int64
+	// Labels are the sandbox's key/value metadata, its snapshot's
+	// inherited at create (never nil once read).
+	Labels map[string]string
+	// Persistent: filesystem writes survive a stop; a sandbox that is not
+	// persistent boots afresh from its snapshot on every start.
+	Persistent bool
+}
+
+// MilliCPUs is sb's CPU bandwidth in millicores (1000 = one core).
+func (sb *Sandbox) MilliCPUs() int64 {
+	if sb.CPUMillicores > 0 {
+		return sb.CPUMillicores
+	}
+	return sb.VCPUs * 1000
 }
 
 // Registry holds a workspace's pull credentials for one image registry.
@@ -205,16 +227,53 @@ type Share struct {
 	CreatedAt    time.Time
 }
 
-// ListOptions filter and page list queries.
+// ListOptions filter and page list queries. Every filter is applied in
+// the query, before paging, so pages are full.
 type ListOptions struct {
 	NameContains string
+	// Name, when set, keeps only the records called exactly that.
+	Name string
 	// VisibleTo, when set, keeps only the records that user may see as a
 	// member: those it created, those shared with it or with the whole
-	// workspace, and (snapshots) those built from an image. It is applied
-	// in the query, before paging, so a page of a member's records is full.
+	// workspace, and (snapshots) those built from an image.
 	VisibleTo string
-	Limit     int
-	Offset    int
+	// CreatedBy, when set, keeps the records that user created.
+	CreatedBy string
+	// Status, when set, keeps the records in that status.
+	Status string
+	// Labels keep the records that match every selector (sandboxes and
+	// snapshots only).
+	Labels []LabelSelector
+	// SortBy is a column of SortColumns (default created_at); Desc
+	// reverses the order. Ties are broken by id, in the same direction.
+	SortBy string
+	Desc   bool
+	// After, when set, starts the page after that record (keyset paging;
+	// Offset is then ignored).
+	After  *Cursor
+	Limit  int
+	Offset int
+}
+
+// LabelSelector matches a record having label Key (with any value unless
+// HasValue, then with exactly Value).
+type LabelSelector struct {
+	Key, Value string
+	HasValue   bool
+}
+
+// Cursor is the position of a record in a sorted list: its sort column's
+// value (a string, an int64, or nil for NULL) and its id.
+type Cursor struct {
+	Value any
+	ID    string
+}
+
+// SortColumns are the columns a list of sandboxes or snapshots may sort by.
+var SortColumns = map[string][]string{
+	"sandboxes":  {"created_at", "updated_at", "name", "status", "stopped_at", "idle_ttl_seconds", "delete_after_stop_seconds"},
+	"snapshots":  {"created_at", "updated_at", "name", "status"},
+	"registries": {"created_at"},
 }
 
 // Store is the persistence interface. Lookups of missing records return
@@ -258,7 +317,9 @@ type Store interface {
 	CreateSnapshot(ctx context.Context, s *Snapshot) error
 	UpdateSnapshot(ctx context.Context, s *Snapshot) error
 	GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error)
-	SnapshotByName(ctx context.Context, workspaceID, name string) (*Snapshot, error)
+	// SnapshotByName returns snapshot name:tag of workspaceID; tag "" or
+	// "latest" is name:latest, else the newest snapshot called name.
+	SnapshotByName(ctx context.Context, workspaceID, name, tag string) (*Snapshot, error)
 	// ListSnapshots lists without run configs (RunConfig is zero); get a
 	// snapshot for its run config.
 	ListSnapshots(ctx context.Context, workspaceID string, o ListOptions) ([]*Snapshot, error)

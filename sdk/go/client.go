@@ -155,20 +155,45 @@ func (c *Client) send(req *http.Request) (*http.Response, error) {
 func escape(s string) string { return url.PathEscape(s) }
 
 // ListOptions filters and pages list calls. Zero fields are not sent, so the
-// server's defaults apply (limit 50, offset 0).
+// server's defaults apply (limit 50, offset 0, oldest first). Labels,
+// SortBy, SortOrder, CreatedBy and Status apply to sandbox and snapshot
+// lists only.
 type ListOptions struct {
 	NameContains string
 	Limit        int
 	Offset       int
+	// Cursor is a NextCursor of the same list (and sort) to continue
+	// from, instead of Offset.
+	Cursor string
+	// Labels are "key" (has the label) or "key=value"; all must match.
+	Labels []string
+	// SortBy is a column (created_at, updated_at, name, status, ...);
+	// SortOrder is "asc" or "desc".
+	SortBy, SortOrder string
+	// CreatedBy is "me" or a user id.
+	CreatedBy string
+	Status    string
 }
 
 func (o ListOptions) query() string {
 	q := url.Values{}
-	if o.NameContains != "" {
-		q.Set("name_contains", o.NameContains)
+	for k, v := range map[string]string{"name_contains": o.NameContains, "cursor": o.Cursor, "sort_by": o.SortBy,
+		"sort_order": o.SortOrder, "created_by": o.CreatedBy, "status": o.Status} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	for _, l := range o.Labels {
+		q.Add("label", l)
 	}
 	if o.Limit > 0 {
-		q.Set("limit", fmt.Sprint(o.Limit))
+		// With a cursor, the page size is page_size, which asks for
+		// keyset next_cursors.
+		k := "limit"
+		if o.Cursor != "" {
+			k = "page_size"
+		}
+		q.Set(k, fmt.Sprint(o.Limit))
 	}
 	if o.Offset > 0 {
 		q.Set("offset", fmt.Sprint(o.Offset))

@@ -206,3 +206,19 @@ func TestNewKeepsAPIPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestListOptionsQuery: every list option becomes its query parameter,
+// labels repeated; with a cursor the page size is sent as page_size.
+func TestListOptionsQuery(t *testing.T) {
+	got := ListOptions{NameContains: "a", Limit: 5, Labels: []string{"team", "env=dev"}, SortBy: "name", SortOrder: "desc",
+		CreatedBy: "me", Status: "ready"}.query()
+	if want := "?created_by=me&label=team&label=env%3Ddev&limit=5&name_contains=a&sort_by=name&sort_order=desc&status=ready"; got != want {
+		t.Errorf("query %s, want %s", got, want)
+	}
+	if got := (ListOptions{Limit: 2, Cursor: "k1.x"}).query(); got != "?cursor=k1.x&page_size=2" {
+		t.Errorf("cursor query %s", got)
+	}
+	if got := (ListOptions{}).query(); got != "" {
+		t.Errorf("empty options query %q", got)
+	}
+}

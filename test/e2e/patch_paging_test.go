@@ -245,8 +245,13 @@ func TestListPaging(t *testing.T) {
 	if st != 200 || strings.Join(names(body, "snapshots"), ",") != "page-a,page-b,page-boxes" || body["next_cursor"] != nil {
 		t.Fatalf("name_contains: %d %v", st, body)
 	}
+	st, body = call(t, d, "GET", "/api/v2/sandboxes/boxes?limit=1&offset=0", nil)
+	if st != 200 || strings.Join(names(body, "sandboxes"), ",") != "box-1" || body["next_cursor"] != "1" {
+		t.Fatalf("boxes first page: %d %v", st, body)
+	}
+	// The last page, even a full one, has no next_cursor.
 	st, body = call(t, d, "GET", "/api/v2/sandboxes/boxes?limit=1&offset=1", nil)
-	if st != 200 || strings.Join(names(body, "sandboxes"), ",") != "box-2" || body["next_cursor"] != "2" {
+	if st != 200 || strings.Join(names(body, "sandboxes"), ",") != "box-2" || body["next_cursor"] != nil {
 		t.Fatalf("boxes page: %d %v", st, body)
 	}
 	st, body = call(t, d, "GET", "/v2/sandboxes/boxes?name_contains=box-1", nil)

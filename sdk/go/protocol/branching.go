@@ -14,9 +14,11 @@ type CaptureSnapshotRequest struct {
 	// instead of booting. gvisor runtime only; others answer 422.
 	IncludeMemory bool `json:"include_memory,omitempty"`
 	Checkpoint    bool `json:"checkpoint,omitempty"`
-	// Tag is sent by the Python client; accepted and ignored, as on
-	// CreateSnapshotRequest.
+	// Tag is the Docker-style tag the snapshot takes under its name, as
+	// on CreateSnapshotRequest.
 	Tag string `json:"tag,omitempty"`
+	// Labels seed the snapshot's labels over the sandbox's own.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // ForkRequest is the body of POST /boxes/{name}/fork (a Cubicle

@@ -82,6 +82,25 @@ type Snapshot struct {
 	// unknown. Both are omitted once the build is over.
 	PullBytesTotal int64 `json:"pull_bytes_total,omitempty"`
 	PullBytesDone  int64 `json:"pull_bytes_done,omitempty"`
+
+	// Tag is the snapshot's Docker-style tag under its name ("" when a
+	// newer snapshot of the name took it); name:tag addresses it.
+	Tag string `json:"tag,omitempty"`
+	// Labels are key/value metadata; sandboxes created from the snapshot
+	// inherit them.
+	Labels map[string]string `json:"labels"`
+}
+
+// SnapshotTag is one tag published under a snapshot name.
+type SnapshotTag struct {
+	Tag        string `json:"tag"`
+	SnapshotID string `json:"snapshot_id"`
+}
+
+// SnapshotTags is the body of GET /snapshots-by-name/{name}.
+type SnapshotTags struct {
+	Name string        `json:"name"`
+	Tags []SnapshotTag `json:"tags"`
 }
 
 // Sandbox is one isolated machine (spec §4.1).
@@ -107,6 +126,15 @@ type Sandbox struct {
 	// PreserveMemoryOnStop: a stop (explicit or idle) checkpoints the
 	// sandbox's memory and the next start resumes its processes.
 	PreserveMemoryOnStop bool `json:"preserve_memory_on_stop"`
+	// CPUMillicores is the sandbox's CPU bandwidth (1000 = one core);
+	// VCPUs is it rounded up, which quotas count.
+	CPUMillicores int64 `json:"cpu_millicores"`
+	// Labels are the sandbox's key/value metadata, its snapshot's
+	// included.
+	Labels map[string]string `json:"labels"`
+	// Persistent: filesystem writes survive a stop. A sandbox that is not
+	// boots from its snapshot afresh on every start.
+	Persistent bool `json:"persistent"`
 }
 
 // CreateSnapshotRequest is the body of POST /snapshots (spec S1).
@@ -116,9 +144,11 @@ type CreateSnapshotRequest struct {
 	FSCapacityBytes int64      `json:"fs_capacity_bytes"`
 	RegistryID      string     `json:"registry_id,omitempty"`
 	RunConfig       *RunConfig `json:"run_config,omitempty"`
-	// Tag is sent by the Python client; Cubicle snapshots have no tags
-	// (a name is unique in its workspace), so it is accepted and ignored.
+	// Tag is the Docker-style tag the snapshot takes under its name
+	// (default "latest"); the snapshot that held it loses it.
 	Tag string `json:"tag,omitempty"`
+	// Labels seed the snapshot's labels.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // CreateSandboxRequest is the body of POST /boxes (spec B1). Pointers mark
@@ -129,8 +159,8 @@ type CreateSandboxRequest struct {
 	SnapshotID   string `json:"snapshot_id,omitempty"`
 	SnapshotName string `json:"snapshot_name,omitempty"`
 	// Snapshot is the Python client's newer form of either: an id, a
-	// name or a Docker-style name:tag (Cubicle has no tags; ":latest" is
-	// the bare name).
+	// name or a Docker-style name:tag (a bare name is name:latest, else
+	// the newest snapshot of the name).
 	Snapshot               string     `json:"snapshot,omitempty"`
 	Name                   string     `json:"name,omitempty"`
 	IdleTTLSeconds         *int64     `json:"idle_ttl_seconds,omitempty"`
@@ -155,6 +185,19 @@ type CreateSandboxRequest struct {
 	// snapshot's memory image: nil restores it when there is one, true
 	// requires one, false boots cold.
 	RestoreMemory *bool `json:"restore_memory,omitempty"`
+	// CPUMillicores asks for CPU at millicore granularity and takes the
+	// place of vcpus (which, if also given, must be it rounded up).
+	CPUMillicores *int64 `json:"cpu_millicores,omitempty"`
+	// EnvVars merge into run_config.env_vars (a key in both with
+	// different values is refused).
+	EnvVars map[string]string `json:"env_vars,omitempty"`
+	// Labels are stored with the sandbox over its snapshot's.
+	Labels map[string]string `json:"labels,omitempty"`
+	// Persistent (default true): filesystem writes survive a stop.
+	Persistent *bool `json:"persistent,omitempty"`
+	// TagValueIDs (LangSmith resource tags) are not supported: a
+	// non-empty list is refused.
+	TagValueIDs []string `json:"tag_value_ids,omitempty"`
 }
 
 // StartSandboxRequest is the optional body of POST /boxes/{name}/start.
@@ -188,17 +231,25 @@ type UpdateSandboxRequest struct {
 	// PreserveMemoryOnStop replaces the stored flag; it applies from the
 	// next stop.
 	PreserveMemoryOnStop *bool `json:"preserve_memory_on_stop,omitempty"`
+	// CPUMillicores resizes the CPU at millicore granularity (as on
+	// create); vcpus alone resets it to whole cores.
+	CPUMillicores *int64 `json:"cpu_millicores,omitempty"`
+	// Labels, when present, replace the sandbox's labels ({} clears them).
+	Labels map[string]string `json:"labels,omitempty"`
+	// TagValueIDs: as on create, a non-empty list is refused.
+	TagValueIDs []string `json:"tag_value_ids,omitempty"`
 }
 
 // Empty reports whether the request changes nothing.
 func (r UpdateSandboxRequest) Empty() bool {
 	return r.Name == nil && r.IdleTTLSeconds == nil && r.DeleteAfterStopSeconds == nil && r.PreserveMemoryOnStop == nil &&
-		r.RunConfig == nil && (len(r.ProxyConfig) == 0 || string(r.ProxyConfig) == "null") && !r.Resizes()
+		r.RunConfig == nil && (len(r.ProxyConfig) == 0 || string(r.ProxyConfig) == "null") && !r.Resizes() &&
+		r.Labels == nil && len(r.TagValueIDs) == 0
 }
 
 // Resizes reports whether the request changes the sandbox's resources.
 func (r UpdateSandboxRequest) Resizes() bool {
-	return r.VCPUs != nil || r.MemBytes != nil || r.FSCapacityBytes != nil
+	return r.VCPUs != nil || r.CPUMillicores != nil || r.MemBytes != nil || r.FSCapacityBytes != nil
 }
 
 // Registry holds private image pull credentials of a workspace (spec §3.4).
