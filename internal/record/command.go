@@ -89,6 +89,9 @@ type startedData struct {
 // StartCommand records command.started and opens the command's step,
 // whose id is that event's seq.
 func (r *Recorder) StartCommand(ctx context.Context, s CommandStart) *Command {
+	if w := r.fileWatcher(); w != nil {
+		w.CommandStarting(ctx, s.SandboxID)
+	}
 	c := &Command{r: r, key: cmdKey{s.SandboxID, s.CommandID}, ws: s.WorkspaceID, start: time.Now(),
 		stdout: newCapture(r.opt.OutputCap), stderr: newCapture(r.opt.OutputCap)}
 	c.step = r.record(ctx, Event{SandboxID: s.SandboxID, WorkspaceID: s.WorkspaceID, Kind: protocol.KindCommand,
@@ -233,6 +236,9 @@ func (c *Command) end(ctx context.Context, code *int, errType, lost string) {
 	c.event(ctx, protocol.EventCommandExited, d)
 	if c.step == 0 {
 		return // its start was dropped: nothing to attach output to
+	}
+	if w := c.r.fileWatcher(); w != nil {
+		w.CommandEnded(ctx, c.key.sandbox, c.ws, c.step)
 	}
 	for i, name := range []string{streamStdout, streamStderr} {
 		if outs[i].total > 0 {

@@ -545,3 +545,24 @@ func clean(p string) string {
 	}
 	return "."
 }
+
+// ReadLayered returns the contents of regular file name as the merged
+// view of stack (layer dirs, bottom first) shows it, at most max bytes;
+// a path the view does not have fails with fs.ErrNotExist. No symlink is
+// followed (sandboxfs.ReadEntry).
+func ReadLayered(ctx context.Context, stack []string, name string, max int64) ([]byte, error) {
+	ls, err := openLayers(stack)
+	if err != nil {
+		return nil, err
+	}
+	defer ls.close()
+	rel := clean(name)
+	e, err := ls.lookup(stack, rel)
+	if err != nil {
+		return nil, err
+	}
+	if e == nil {
+		return nil, &fs.PathError{Op: "read", Path: name, Err: fs.ErrNotExist}
+	}
+	return e.tree.ReadEntry(ctx, rel, max)
+}
