@@ -16,6 +16,7 @@ package filerec
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"sync"
 	"time"
@@ -92,6 +93,7 @@ type box struct {
 	lowers []string
 	tr     *storage.Tracker
 	pk     *pkgState
+	failed bool // indexing failed: no file events
 }
 
 type jobKind int
@@ -189,10 +191,22 @@ func (w *Watcher) Lifecycle(ctx context.Context, e record.Event) {
 	ctx = context.WithoutCancel(ctx)
 	switch e.Type {
 	case protocol.EventStopped, protocol.EventCaptured:
+		if e.Type == protocol.EventStopped && stopReason(e) == "reset" {
+			return // the upper is about to be emptied: reset drops the index
+		}
 		w.enqueue(e.SandboxID, job{kind: jobScan, ctx: ctx, ws: e.WorkspaceID, at: e.Type}, false)
 	case protocol.EventReset, protocol.EventDeleted:
 		w.enqueue(e.SandboxID, job{kind: jobDrop, ctx: ctx, gone: e.Type == protocol.EventDeleted}, false)
 	}
+}
+
+// stopReason is a stopped event's data.reason.
+func stopReason(e record.Event) string {
+	var d struct{ Reason string }
+	if b, err := json.Marshal(e.Data); err == nil {
+		json.Unmarshal(b, &d)
+	}
+	return d.Reason
 }
 
 func (w *Watcher) do(b *box, j job) {
@@ -200,9 +214,10 @@ func (w *Watcher) do(b *box, j job) {
 	defer cancel()
 	switch j.kind {
 	case jobIndex:
-		if b.tr == nil {
+		if b.tr == nil && !b.failed {
 			if err := w.index(ctx, b); err != nil {
-				w.log.Warn("record: index sandbox files; no file events until its next command", "sandbox", b.id, "err", err)
+				b.failed = true // not retried (nor logged) until a reset
+				w.log.Warn("record: index sandbox files; no file events for it", "sandbox", b.id, "err", err)
 			}
 		}
 	case jobScan:
@@ -212,7 +227,7 @@ func (w *Watcher) do(b *box, j job) {
 			}
 		}
 	case jobDrop:
-		b.tr, b.pk = nil, nil
+		b.tr, b.pk, b.failed = nil, nil, false
 		if j.gone {
 			w.mu.Lock()
 			if w.boxes[b.id] == b {

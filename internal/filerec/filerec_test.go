@@ -203,6 +203,20 @@ func TestFileEvents(t *testing.T) {
 	if d := evs[0].Data.(protocol.FileChanges); d.At != protocol.EventStopped || !reflect.DeepEqual(d.Deleted, []string{"/work/new.txt"}) {
 		t.Fatalf("stop scan data %+v", d)
 	}
+
+	// A reset's stop scans nothing (the upper is being emptied); the
+	// reset drops the index, rebuilt as the next command starts.
+	put(t, s.upper+"/junk", "j")
+	stop := recordEvent("sb", protocol.EventStopped)
+	stop.Data = map[string]string{"reason": "reset"}
+	s.w.Lifecycle(context.Background(), stop)
+	s.w.Lifecycle(context.Background(), recordEvent("sb", protocol.EventReset))
+	if evs := s.command(9, func() {}); len(evs) != 0 {
+		t.Fatalf("reset: %+v", evs)
+	}
+	if evs := s.command(10, func() { os.Remove(s.upper + "/junk") }); len(evs) != 1 || evs[0].Step != 10 {
+		t.Fatalf("after reset: %+v", evs)
+	}
 }
 
 func TestFileDataCaps(t *testing.T) {
