@@ -2,11 +2,15 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"reflect"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // kinds is a scan's result as path → kind.
@@ -184,5 +188,35 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReadLayered reads files as the merged view shows them: the top
+// layer wins, a whiteout hides, and no symlink is followed.
+func TestReadLayered(t *testing.T) {
+	needRoot(t) // whiteouts are device nodes
+	ctx := context.Background()
+	lower, upper := t.TempDir(), t.TempDir()
+	write(t, lower+"/a", "lower a", 0o644)
+	write(t, lower+"/b", "lower b", 0o644)
+	write(t, lower+"/c", "lower c", 0o644)
+	write(t, upper+"/a", "upper a", 0o644)
+	must(t, unix.Mknod(upper+"/b", unix.S_IFCHR, 0))
+	must(t, os.Symlink(lower+"/c", upper+"/l"))
+	stack := []string{lower, upper}
+	if b, err := ReadLayered(ctx, stack, "/a", 100); err != nil || string(b) != "upper a" {
+		t.Fatalf("a = %q, %v", b, err)
+	}
+	if b, err := ReadLayered(ctx, stack, "c", 100); err != nil || string(b) != "lower c" {
+		t.Fatalf("c = %q, %v", b, err)
+	}
+	if _, err := ReadLayered(ctx, stack, "b", 100); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("whited-out b: %v", err)
+	}
+	if b, err := ReadLayered(ctx, stack, "l", 100); err == nil {
+		t.Fatalf("symlink followed: %q", b)
+	}
+	if _, err := ReadLayered(ctx, stack, "a", 3); err == nil {
+		t.Fatal("read past the cap")
 	}
 }
