@@ -40,8 +40,11 @@ type Recorder interface {
 // Bounds of the watcher.
 const (
 	// StartWait bounds how long a command's start waits for its
-	// sandbox's earlier scans.
-	StartWait = time.Second
+	// sandbox's earlier scans (each commits the btrfs transaction, which a
+	// host busy writing can make slow): past it the command runs, and what
+	// it writes before the earlier scan lists the upper counts as the
+	// earlier step's.
+	StartWait = 5 * time.Second
 	// MaxListed bounds the paths one file.changed event lists.
 	MaxListed = 1000
 	// scanTimeout bounds one scan (or the first index of a sandbox).

@@ -136,6 +136,10 @@ echo '{"name":"left-pad","version":"1.3.0"}' > /app/node_modules/left-pad/packag
 	fc, _ = stepFiles(t, c, sb.Name, lastStep(t, c, sb.Name), 10*time.Second)
 	latency := time.Since(exited)
 	if fc == nil || fc.AddedCount != 10000 || len(fc.Added) != 1000 || !fc.Truncated {
+		list, _ := c.Audit(context.Background(), sb.Name, cubicle.AuditOptions{Kinds: []string{protocol.KindFile}, Limit: 1000})
+		for _, e := range list.Items {
+			t.Logf("file event %d of step %d: %.300s", e.Seq, e.Step, e.Data)
+		}
 		t.Fatalf("10,000-file step: %+v", fc)
 	}
 	t.Logf("10,000-file command: ran %v, record complete %v after its exit", exited.Sub(start), latency)
