@@ -89,9 +89,6 @@ type startedData struct {
 // StartCommand records command.started and opens the command's step,
 // whose id is that event's seq.
 func (r *Recorder) StartCommand(ctx context.Context, s CommandStart) *Command {
-	if w := r.fileWatcher(); w != nil {
-		w.CommandStarting(ctx, s.SandboxID)
-	}
 	c := &Command{r: r, key: cmdKey{s.SandboxID, s.CommandID}, ws: s.WorkspaceID, start: time.Now(),
 		stdout: newCapture(r.opt.OutputCap), stderr: newCapture(r.opt.OutputCap)}
 	c.step = r.record(ctx, Event{SandboxID: s.SandboxID, WorkspaceID: s.WorkspaceID, Kind: protocol.KindCommand,
@@ -114,6 +111,16 @@ func (r *Recorder) StartCommand(ctx context.Context, s CommandStart) *Command {
 		evict.Lost(ctx, "too many open commands: no longer followed")
 	}
 	return c
+}
+
+// BeforeCommand is called before a command is sent to sandboxID's agent:
+// the file watcher indexes the sandbox's files if it has not yet and lets
+// its earlier scans finish (bounded), so what the command writes counts
+// as its own.
+func (r *Recorder) BeforeCommand(ctx context.Context, sandboxID string) {
+	if w := r.fileWatcher(); w != nil {
+		w.CommandStarting(ctx, sandboxID)
+	}
 }
 
 // OpenCommand returns sandboxID's open command commandID, or nil.

@@ -162,7 +162,8 @@ func (r *Recorder) Dropped() uint64 { return r.dropped.Load() }
 // (internal/filerec implements it). Only CommandStarting may block, and
 // only briefly: it lets earlier scans of the sandbox finish first.
 type FileWatcher interface {
-	// CommandStarting is called before a command's start is recorded.
+	// CommandStarting is called before a command is sent to the agent
+	// (Recorder.BeforeCommand).
 	CommandStarting(ctx context.Context, sandboxID string)
 	// CommandEnded is called once the end of command step is recorded.
 	CommandEnded(ctx context.Context, sandboxID, workspaceID string, step int64)

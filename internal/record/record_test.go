@@ -407,8 +407,8 @@ func (h *hookLog) CommandEnded(_ context.Context, sb, ws string, step int64) {
 }
 func (h *hookLog) Lifecycle(_ context.Context, e Event) { h.note("lifecycle " + e.Type) }
 
-// TestFileWatcherHooks checks a watcher hears of a command before its
-// start, after its end (with its step), and of lifecycle events, stopping
+// TestFileWatcherHooks checks a watcher hears of a command before it is
+// sent, after its end (with its step), and of lifecycle events, stopping
 // ending open commands first.
 func TestFileWatcherHooks(t *testing.T) {
 	st, _ := openStore(t)
@@ -417,9 +417,11 @@ func TestFileWatcherHooks(t *testing.T) {
 	r.WatchFiles(h)
 	ctx := context.Background()
 	r.Record(ctx, lifecycle("a", protocol.EventCreated))
+	r.BeforeCommand(ctx, "a")
 	c := r.StartCommand(ctx, CommandStart{SandboxID: "a", WorkspaceID: "w", CommandID: "c1", Command: "true"})
 	code := 0
 	c.Exited(ctx, &code, "")
+	r.BeforeCommand(ctx, "a")
 	r.StartCommand(ctx, CommandStart{SandboxID: "a", WorkspaceID: "w", CommandID: "c2", Command: "sleep 9"})
 	r.Record(ctx, lifecycle("a", protocol.EventStopped))
 	want := []string{"lifecycle created", "starting a", "ended a w 2", "starting a", "ended a w 4", "lifecycle stopped"}

@@ -129,7 +129,10 @@ echo '{"name":"left-pad","version":"1.3.0"}' > /app/node_modules/left-pad/packag
 
 	// A command writing 10,000 files: its record is complete well within 1 s
 	// of its exit reaching the client.
+	// The next command is sent only once this one's scan is done: none of
+	// its writes count as this step's.
 	mustRun(t, c, sb.Name, "mkdir /many")
+	mkdirStep := lastStep(t, c, sb.Name)
 	start := time.Now()
 	mustRun(t, c, sb.Name, `cd /many && i=0; while [ $i -lt 10000 ]; do : > f$i; i=$((i+1)); done`)
 	exited := time.Now()
@@ -141,6 +144,9 @@ echo '{"name":"left-pad","version":"1.3.0"}' > /app/node_modules/left-pad/packag
 			t.Logf("file event %d of step %d: %.300s", e.Seq, e.Step, e.Data)
 		}
 		t.Fatalf("10,000-file step: %+v", fc)
+	}
+	if fc, _ := stepFiles(t, c, sb.Name, mkdirStep, time.Second); fc == nil || !reflect.DeepEqual(addedPaths(fc), []string{"/many"}) {
+		t.Fatalf("mkdir step: %+v", fc)
 	}
 	t.Logf("10,000-file command: ran %v, record complete %v after its exit", exited.Sub(start), latency)
 	if latency > time.Second {
