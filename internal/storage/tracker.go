@@ -52,8 +52,9 @@ const maxTrackedPaths = 1 << 19
 // correct, but a scan costs a walk of the upper.
 //
 // Limits: the index is built by a walk of the upper when the Tracker is
-// made; past maxTrackedPaths entries it stops growing and the scans that
-// could miss a deletion say so (Incomplete). Changes are attributed to
+// made; past maxTrackedPaths entries it stops growing and says so
+// (Incomplete): deletions of paths it does not hold go unseen, and such
+// paths are reported as added again whenever a scan meets them. Changes are attributed to
 // the scan that first sees them: writes racing a scan may land in the
 // next one. A hard link's other names are only seen when their directory
 // changes. Not safe for concurrent use.
@@ -66,7 +67,8 @@ type Tracker struct {
 	gen         uint64 // last transaction the index reflects (btrfs)
 	root        *node
 	nodes       int
-	full        bool // the index hit maxTrackedPaths
+	limit       int  // index size bound (maxTrackedPaths)
+	full        bool // the index hit limit
 }
 
 // node is one indexed path of the upper.
@@ -84,7 +86,7 @@ func (n *node) dir() bool { return n.mode&unix.S_IFMT == unix.S_IFDIR }
 // NewTracker indexes the upper dir upper (stacked over lowers, bottom
 // first) as it is now: the first Scan reports what changes after.
 func NewTracker(ctx context.Context, upper string, lowers []string) (*Tracker, error) {
-	t := &Tracker{upper: upper, lowers: lowers, root: &node{mode: unix.S_IFDIR, kids: map[string]*node{}}}
+	t := &Tracker{upper: upper, lowers: lowers, limit: maxTrackedPaths, root: &node{mode: unix.S_IFDIR, kids: map[string]*node{}}}
 	if vol := filepath.Dir(upper); isSubvolume(vol) {
 		t.vol, t.prefix = vol, filepath.Base(upper)+"/"
 		err := t.withVol(func(fd int) (err error) {
@@ -110,8 +112,8 @@ func NewTracker(ctx context.Context, upper string, lowers []string) (*Tracker, e
 	return t, nil
 }
 
-// Tracks reports whether the index holds rel (a regular file or any
-// entry), the upper's as of the last scan.
+// Tracks reports whether the upper held rel at the last scan (or when
+// the Tracker was made), as far as the index knows.
 func (t *Tracker) Tracks(rel string) bool { return t.find(clean(rel)) != nil }
 
 // Incomplete reports whether the index is full: deletions of paths it does
@@ -299,20 +301,22 @@ func (t *Tracker) set(rel string, n *node) {
 	if n.dir() {
 		n.kids = map[string]*node{}
 		if old != nil && old.kids != nil {
-			n.kids = old.kids
+			n.kids = old.kids // the same entries: the count stands
 		}
 	}
-	if old != nil {
-		t.nodes -= count(old) - count(n)
-		p.kids[name] = n
+	if old == nil {
+		t.add(p, name, n)
 		return
 	}
-	t.add(p, name, n)
+	if old.kids != nil && !n.dir() {
+		t.nodes -= count(old) - 1 // its entries went with it
+	}
+	p.kids[name] = n
 }
 
 // add puts k under p as name unless the index is full.
 func (t *Tracker) add(p *node, name string, k *node) bool {
-	if t.nodes >= maxTrackedPaths {
+	if t.nodes >= t.limit {
 		t.full = true
 		return false
 	}
@@ -423,7 +427,7 @@ func (s *scan) goneBelowLower(dir string, old *node) {
 		if lt == nil {
 			continue
 		}
-		addSubtree(context.Background(), lt, dir, candidates(seen))
+		addSubtree(context.Background(), lt, dir, candidates(seen)) // capped at maxDiffPaths
 	}
 	for p := range seen {
 		if old != nil && s.t.find(p) != nil {

@@ -220,3 +220,24 @@ func TestReadLayered(t *testing.T) {
 		t.Fatal("read past the cap")
 	}
 }
+
+// TestTrackerIndexCap checks a full index says so.
+func TestTrackerIndexCap(t *testing.T) {
+	ctx := context.Background()
+	upper := t.TempDir()
+	tr, err := NewTracker(ctx, upper, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.limit = 3
+	for i := range 5 {
+		write(t, fmt.Sprintf("%s/f%d", upper, i), "x", 0o644)
+	}
+	cs, err := tr.Scan(ctx)
+	if err != nil || len(cs) != 5 {
+		t.Fatalf("scan: %v %v", cs, err)
+	}
+	if !tr.Incomplete() || tr.nodes != 3 {
+		t.Fatalf("index of %d paths, incomplete %v; want 3, true", tr.nodes, tr.Incomplete())
+	}
+}
