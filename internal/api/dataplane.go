@@ -235,11 +235,12 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer up.CloseNow()
+	id := r.PathValue("id")
+	s.beforeCommand(ctx, id, &first)
 	if err := wsjson.Write(ctx, up, first); err != nil {
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return
 	}
-	id := r.PathValue("id")
 	tap := s.tapExec(ctx, id, dp, &first, "ws")
 	relay(ctx, conn, up, dp.Gone, dp.Touch, func() (string, bool) {
 		if dp.Revoked() {

@@ -56,6 +56,11 @@ func newRealAPI(t *testing.T) *realAPI {
 		Labels: map[string]string{"base": "yes"}}); err != nil {
 		t.Fatal(err)
 	}
+	// Shared with the workspace, as an admin would: snapshots are private.
+	if err := st.PutShare(ctx, &store.Share{ID: "share-default", WorkspaceID: "w1", ResourceKind: store.ShareSnapshot,
+		ResourceID: "snap-default", Grantee: store.ShareWorkspace, Access: "use", CreatedBy: "ann", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
 	drv, err := sandboxtest.NewDriver()
 	if err != nil {
 		t.Fatal(err)

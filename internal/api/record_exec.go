@@ -83,6 +83,15 @@ func (s *Server) tapExec(ctx context.Context, sandboxID string, dp *sandbox.Conn
 	return &execTap{ctx: ctx, cmd: s.rec.StartCommand(ctx, commandStart(sandboxID, dp, first, ownEnvKeys(first), via))}
 }
 
+// beforeCommand runs before execute frame f is sent to sandboxID's agent
+// (a reconnect starts nothing): the record's file scans of earlier
+// commands finish first, so this one's writes count as its own.
+func (s *Server) beforeCommand(ctx context.Context, sandboxID string, f *protocol.ExecFrame) {
+	if s.rec != nil && f.Type == protocol.FrameExecute {
+		s.rec.BeforeCommand(ctx, sandboxID)
+	}
+}
+
 // tapFrame is the part of an exec frame the record reads.
 type tapFrame struct {
 	Type      string `json:"type"`
@@ -207,6 +216,7 @@ func (s *Server) recordCommand(ctx context.Context, sandboxID string, dp *sandbo
 	if s.rec == nil {
 		return stdout, stderr, 0, func(context.Context, int, error) {}
 	}
+	s.rec.BeforeCommand(ctx, sandboxID)
 	cmd := s.rec.StartCommand(ctx, commandStart(sandboxID, dp, f, ownEnv, via))
 	return io.MultiWriter(stdout, streamWriter{cmd, record.Stdout}), io.MultiWriter(stderr, streamWriter{cmd, record.Stderr}), cmd.Step(),
 		func(ctx context.Context, code int, err error) { recordExecuteEnd(ctx, cmd, code, err) }

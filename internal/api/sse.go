@@ -102,6 +102,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*
 	}
 	defer up.CloseNow()
 	up.SetReadLimit(wsReadLimit)
+	s.beforeCommand(ctx, r.PathValue("id"), &f)
 	if err := wsjson.Write(ctx, up, f); err != nil {
 		writeError(ctx, w, fmt.Errorf("sandbox agent unreachable: %v: %w", err, errdefs.ErrUnavailable))
 		return

@@ -109,6 +109,20 @@ type commandData struct {
 // timelineLine renders one event: seq, time, actor, then what happened.
 func timelineLine(e protocol.AuditEvent) string {
 	head := fmt.Sprintf("%5d  %s  %-12s  ", e.Seq, e.Time.Local().Format("2006-01-02 15:04:05.000"), actorName(e.Actor))
+	switch e.Kind {
+	case protocol.KindFile:
+		if e.Type == protocol.EventFileChanged {
+			return head + fmt.Sprintf("#%-4d ", e.Step) + filesSummary(e.Data)
+		}
+	case protocol.KindPackage:
+		var p protocol.PackageChange
+		_ = json.Unmarshal(e.Data, &p)
+		s := fmt.Sprintf("#%-4d %s %s %s %s", e.Step, strings.TrimPrefix(e.Type, "package."), p.Ecosystem, p.Name, p.Version)
+		if p.PreviousVersion != "" {
+			s += " (was " + p.PreviousVersion + ")"
+		}
+		return head + s
+	}
 	if e.Kind != protocol.KindCommand {
 		return head + fmt.Sprintf("%-9s %s", e.Kind, e.Type) + dataSummary(e.Data)
 	}
@@ -157,6 +171,34 @@ func timelineLine(e protocol.AuditEvent) string {
 	default:
 		return head + step + strings.TrimPrefix(e.Type, "command.")
 	}
+}
+
+// filesSummary is a file.changed event as counts and its first paths.
+func filesSummary(raw json.RawMessage) string {
+	var d protocol.FileChanges
+	_ = json.Unmarshal(raw, &d)
+	s := fmt.Sprintf("files +%d ~%d -%d", d.AddedCount, d.ModifiedCount, d.DeletedCount)
+	if d.At != "" {
+		s += " (at " + d.At + ")"
+	}
+	var paths []string
+	for _, a := range d.Added {
+		paths = append(paths, "+"+a.Path)
+	}
+	for _, m := range d.Modified {
+		paths = append(paths, "~"+m.Path)
+	}
+	for _, p := range d.Deleted {
+		paths = append(paths, "-"+p)
+	}
+	const shown = 3
+	if len(paths) > shown {
+		paths = append(paths[:shown], "…")
+	}
+	if len(paths) > 0 {
+		s += "  " + strings.Join(paths, " ")
+	}
+	return s
 }
 
 func actorName(a protocol.Actor) string {

@@ -35,6 +35,13 @@ func TestAuditCmdTimeline(t *testing.T) {
 	mux.HandleFunc("GET /v2/sandboxes/boxes/box/audit/steps/2", func(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(protocol.AuditStep{Step: 2, Events: evs[1:], Stdout: &protocol.CommandOutput{Head: "head", Tail: "tail\n", TotalBytes: 20, Truncated: true}})
 	})
+	files := timelineLine(protocol.AuditEvent{Seq: 4, Time: at, Kind: "file", Type: "file.changed", Step: 2,
+		Data: json.RawMessage(`{"added":[{"path":"/a"},{"path":"/b"}],"modified":[{"path":"/c"}],"deleted":["/d"],"added_count":2,"modified_count":1,"deleted_count":1}`)})
+	pkg := timelineLine(protocol.AuditEvent{Seq: 5, Time: at, Kind: "package", Type: "package.upgraded", Step: 2,
+		Data: json.RawMessage(`{"ecosystem":"npm","name":"left-pad","version":"1.3.0","previous_version":"1.0.0"}`)})
+	if !strings.HasSuffix(files, "#2    files +2 ~1 -1  +/a +/b ~/c …") || !strings.HasSuffix(pkg, "#2    upgraded npm left-pad 1.3.0 (was 1.0.0)") {
+		t.Fatalf("file and package lines:\n%s\n%s", files, pkg)
+	}
 	out, _, err := runCmd(newAuditCmd(), "", "box", "--kind", "command,lifecycle")
 	if err != nil {
 		t.Fatal(err)

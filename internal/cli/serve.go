@@ -17,6 +17,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accesslog"
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/filerec"
 	"github.com/cubicle-dev/cubicle/internal/identity"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
@@ -51,6 +52,7 @@ type serveFlags struct {
 	execOutputLimit    int
 	auditRetention     time.Duration
 	auditOutputCap     int
+	auditFiles         bool
 	egress             egressFlags
 	hostResolv         string
 	conns              api.ConnLimits
@@ -129,6 +131,8 @@ func newServeCmd() *cobra.Command {
 		"how long sandboxes' audit records (events and command output) are kept, also after the sandbox is deleted")
 	fl.IntVar(&f.auditOutputCap, "audit-output-cap", record.DefaultOutputCap,
 		"bytes of each command output stream the audit record keeps (first and last halves; the middle is dropped and marked)")
+	fl.BoolVar(&f.auditFiles, "audit-files", true,
+		"record the files each command added, modified and deleted, and the packages it installed, removed or upgraded")
 	return cmd
 }
 
@@ -253,6 +257,12 @@ func serve(ctx context.Context, f serveFlags) error {
 	// The manager's goroutines (reaper, watchers, builds) end before the
 	// store closes: this runs before the deferred st.Close.
 	defer mgr.Close()
+	if f.auditFiles {
+		// Queued file scans finish (recording) before the record closes.
+		files := filerec.New(rec, mgr, log)
+		rec.WatchFiles(files)
+		defer files.Close()
+	}
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}

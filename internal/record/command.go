@@ -113,6 +113,16 @@ func (r *Recorder) StartCommand(ctx context.Context, s CommandStart) *Command {
 	return c
 }
 
+// BeforeCommand is called before a command is sent to sandboxID's agent:
+// the file watcher indexes the sandbox's files if it has not yet and lets
+// its earlier scans finish (bounded), so what the command writes counts
+// as its own.
+func (r *Recorder) BeforeCommand(ctx context.Context, sandboxID string) {
+	if w := r.fileWatcher(); w != nil {
+		w.CommandStarting(ctx, sandboxID)
+	}
+}
+
 // OpenCommand returns sandboxID's open command commandID, or nil.
 func (r *Recorder) OpenCommand(sandboxID, commandID string) *Command {
 	r.mu.Lock()
@@ -233,6 +243,9 @@ func (c *Command) end(ctx context.Context, code *int, errType, lost string) {
 	c.event(ctx, protocol.EventCommandExited, d)
 	if c.step == 0 {
 		return // its start was dropped: nothing to attach output to
+	}
+	if w := c.r.fileWatcher(); w != nil {
+		w.CommandEnded(ctx, c.key.sandbox, c.ws, c.step)
 	}
 	for i, name := range []string{streamStdout, streamStderr} {
 		if outs[i].total > 0 {

@@ -104,6 +104,7 @@ type Recorder struct {
 	subs   map[string]map[*follower]struct{} // live followers per sandbox
 	ended  bool                              // EndFollowers was called
 	cmds   map[cmdKey]*Command               // open commands
+	files  FileWatcher                       // nil: no file events
 	q      chan item
 
 	dropped   atomic.Uint64
@@ -157,6 +158,32 @@ func (r *Recorder) Close() {
 // Dropped is how many events and outputs were lost to a full queue.
 func (r *Recorder) Dropped() uint64 { return r.dropped.Load() }
 
+// FileWatcher records what commands change in their sandbox's files
+// (internal/filerec implements it). Only CommandStarting may block, and
+// only briefly: it lets earlier scans of the sandbox finish first.
+type FileWatcher interface {
+	// CommandStarting is called before a command is sent to the agent
+	// (Recorder.BeforeCommand).
+	CommandStarting(ctx context.Context, sandboxID string)
+	// CommandEnded is called once the end of command step is recorded.
+	CommandEnded(ctx context.Context, sandboxID, workspaceID string, step int64)
+	// Lifecycle is called once lifecycle event e is recorded.
+	Lifecycle(ctx context.Context, e Event)
+}
+
+// WatchFiles makes w see every command and lifecycle event from now on.
+func (r *Recorder) WatchFiles(w FileWatcher) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.files = w
+}
+
+func (r *Recorder) fileWatcher() FileWatcher {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.files
+}
+
 // Record adds e to its sandbox's record. Ending (stopped, deleted) a
 // sandbox first ends its open commands: their output is gone with the
 // instance.
@@ -165,6 +192,9 @@ func (r *Recorder) Record(ctx context.Context, e Event) {
 		r.endCommands(ctx, e.SandboxID, e.Type)
 	}
 	r.record(ctx, e)
+	if w := r.fileWatcher(); w != nil && e.Kind == protocol.KindLifecycle {
+		w.Lifecycle(ctx, e)
+	}
 }
 
 // record is Record returning the event's seq (0 when it was dropped).

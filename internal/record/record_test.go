@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -392,5 +393,39 @@ func TestOpenCommandsBounded(t *testing.T) {
 	evs := events(t, r, store.AuditQuery{SandboxID: "a", Step: first.Step()})
 	if len(evs) != 2 || !bytes.Contains(evs[1].Data, []byte(`"lost":"too many open commands`)) {
 		t.Fatalf("evicted command's events: %+v", evs)
+	}
+}
+
+// hookLog is a FileWatcher writing down its calls.
+type hookLog struct{ calls []string }
+
+func (h *hookLog) note(s string) { h.calls = append(h.calls, s) }
+
+func (h *hookLog) CommandStarting(_ context.Context, sb string) { h.note("starting " + sb) }
+func (h *hookLog) CommandEnded(_ context.Context, sb, ws string, step int64) {
+	h.note(fmt.Sprintf("ended %s %s %d", sb, ws, step))
+}
+func (h *hookLog) Lifecycle(_ context.Context, e Event) { h.note("lifecycle " + e.Type) }
+
+// TestFileWatcherHooks checks a watcher hears of a command before it is
+// sent, after its end (with its step), and of lifecycle events, stopping
+// ending open commands first.
+func TestFileWatcherHooks(t *testing.T) {
+	st, _ := openStore(t)
+	r := newRecorder(t, st, Options{})
+	h := &hookLog{}
+	r.WatchFiles(h)
+	ctx := context.Background()
+	r.Record(ctx, lifecycle("a", protocol.EventCreated))
+	r.BeforeCommand(ctx, "a")
+	c := r.StartCommand(ctx, CommandStart{SandboxID: "a", WorkspaceID: "w", CommandID: "c1", Command: "true"})
+	code := 0
+	c.Exited(ctx, &code, "")
+	r.BeforeCommand(ctx, "a")
+	r.StartCommand(ctx, CommandStart{SandboxID: "a", WorkspaceID: "w", CommandID: "c2", Command: "sleep 9"})
+	r.Record(ctx, lifecycle("a", protocol.EventStopped))
+	want := []string{"lifecycle created", "starting a", "ended a w 2", "starting a", "ended a w 4", "lifecycle stopped"}
+	if !reflect.DeepEqual(h.calls, want) {
+		t.Fatalf("hooks:\n got %q\nwant %q", h.calls, want)
 	}
 }

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -112,4 +113,19 @@ func (m *Manager) emitForked(ctx context.Context, parent *store.Sandbox, snapsho
 		m.emit(ctx, b, protocol.EventForked, map[string]any{"snapshot_id": snapshotID, "parent": protocol.SandboxRef{ID: parent.ID, Name: parent.Name}})
 	}
 	m.emit(ctx, parent, protocol.EventForked, map[string]any{"snapshot_id": snapshotID, "children": refs})
+}
+
+// FileLayers is where sandboxID's files are, for the record's file
+// events: its upper dir and the snapshot layers below it, bottom first.
+// It reads the store directly: the daemon, not a caller, asks.
+func (m *Manager) FileLayers(ctx context.Context, sandboxID string) (upper string, lowers []string, err error) {
+	sb, err := m.cfg.Store.GetSandboxByID(ctx, sandboxID)
+	if err != nil {
+		return "", nil, fmt.Errorf("file layers of %s: %w", sandboxID, err)
+	}
+	sn, err := m.cfg.Store.GetSnapshot(ctx, sb.WorkspaceID, sb.SnapshotID)
+	if err != nil {
+		return "", nil, fmt.Errorf("file layers of %s: snapshot: %w", sandboxID, err)
+	}
+	return m.cfg.Storage.UpperDir(runtimeID(sb.ID)), sn.Layers, nil
 }

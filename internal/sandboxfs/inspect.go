@@ -1,6 +1,7 @@
 package sandboxfs
 
 import (
+	"context"
 	"io/fs"
 	"os"
 
@@ -85,4 +86,17 @@ func (t *Tree) OpenEntry(name string) (*os.File, error) {
 	}
 	defer unix.Close(pfd)
 	return reopenRegular(pfd, name)
+}
+
+// ReadEntry returns the contents of name if it is, as stored, a regular
+// file of at most max bytes (ErrTooLarge past it), within OpTimeout.
+func (t *Tree) ReadEntry(ctx context.Context, name string, max int64) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, OpTimeout)
+	defer cancel()
+	f, err := t.OpenEntry(name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readCapped(ctx, f, name, max)
 }

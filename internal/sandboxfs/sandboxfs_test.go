@@ -265,3 +265,19 @@ func TestInspectFollowsNoSymlink(t *testing.T) {
 		t.Errorf("DirXattr(file) = %v; want ENOTDIR", err)
 	}
 }
+
+func TestReadEntryIsCappedAndFollowsNoSymlink(t *testing.T) {
+	root, dir, host := tree(t)
+	os.WriteFile(filepath.Join(dir, "etc/f"), []byte("12345"), 0o644)
+	os.Symlink(host, filepath.Join(dir, "etc/link"))
+	ctx := context.Background()
+	if b, err := root.ReadEntry(ctx, "/etc/f", 5); err != nil || string(b) != "12345" {
+		t.Fatalf("ReadEntry at cap = %q, %v", b, err)
+	}
+	if _, err := root.ReadEntry(ctx, "etc/f", 4); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("ReadEntry over cap = %v; want ErrTooLarge", err)
+	}
+	if b, err := root.ReadEntry(ctx, "etc/link", 1<<20); !errors.Is(err, ErrNotRegular) {
+		t.Fatalf("ReadEntry(symlink) = %q, %v; want ErrNotRegular", b, err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"os/exec"
@@ -220,3 +221,160 @@ func haveBtrfsTools() bool {
 	}
 	return true
 }
+
+// Btrfs ioctls and on-disk layouts the change tracker reads (tracker.go).
+const (
+	btrfsIocTreeSearchV2 = 0xc0709411 // _IOWR(0x94, 17, struct btrfs_ioctl_search_args_v2)
+	btrfsIocWaitSync     = 0x40089416 // _IOW(0x94, 22, __u64)
+	btrfsIocStartSync    = 0x80089418 // _IOR(0x94, 24, __u64)
+
+	btrfsInodeItemKey = 1
+	btrfsInodeRefKey  = 12
+	// btrfsInodeItemSize is sizeof(struct btrfs_inode_item); transid is
+	// at offset 8, mode at 52.
+	btrfsInodeItemSize = 160
+	searchHeaderSize   = 32 // struct btrfs_ioctl_search_header
+	searchBufSize      = 256 << 10
+)
+
+// btrfsSearchKey is struct btrfs_ioctl_search_key (104 bytes).
+type btrfsSearchKey struct {
+	treeID, minObjectID, maxObjectID uint64
+	minOffset, maxOffset             uint64
+	minTransid, maxTransid           uint64
+	minType, maxType, nrItems        uint32
+	_                                uint32
+	_                                [4]uint64
+}
+
+// btrfsSearchArgsV2 is struct btrfs_ioctl_search_args_v2 with its buffer.
+type btrfsSearchArgsV2 struct {
+	key     btrfsSearchKey
+	bufSize uint64
+	buf     [searchBufSize]byte
+}
+
+// btrfsCommit commits the filesystem's running transaction (if any) and
+// returns the id of the last committed one: afterwards every inode item of
+// the subvolume fd is in, changed up to then, carries a transid at most
+// that. Data is not written back: the tracker needs metadata only.
+func btrfsCommit(fd int) (uint64, error) {
+	var transid uint64
+	if err := ioctl(fd, btrfsIocStartSync, unsafe.Pointer(&transid)); err != nil {
+		return 0, fmt.Errorf("start btrfs commit: %w", err)
+	}
+	if err := ioctl(fd, btrfsIocWaitSync, unsafe.Pointer(&transid)); err != nil {
+		return 0, fmt.Errorf("wait for btrfs commit %d: %w", transid, err)
+	}
+	return transid, nil
+}
+
+// changedInode is an inode of a subvolume whose item changed.
+type changedInode struct {
+	ino  uint64
+	mode uint32
+	// refs are its names found next to it: parent directory inode and name.
+	refs []inodeRef
+}
+
+type inodeRef struct {
+	parent uint64
+	name   string
+}
+
+// btrfsChangedInodes lists the inodes of subvolume fd whose item has a
+// transid in (after, upto]. The kernel only visits tree blocks written
+// after `after`, so the cost follows what changed, not the subvolume's
+// size; nothing changed is one ioctl that finds no block.
+func btrfsChangedInodes(fd int, after, upto uint64) ([]changedInode, error) {
+	args := new(btrfsSearchArgsV2)
+	k := &args.key
+	k.maxObjectID, k.maxOffset, k.maxType = ^uint64(0), ^uint64(0), ^uint32(0)
+	k.minTransid, k.maxTransid = after+1, ^uint64(0)
+	byIno := map[uint64]*changedInode{}
+	var order []uint64
+	refs := map[uint64][]inodeRef{}
+	for {
+		k.nrItems = 4096
+		args.bufSize = searchBufSize
+		if err := ioctl(fd, btrfsIocTreeSearchV2, unsafe.Pointer(args)); err != nil {
+			return nil, fmt.Errorf("search btrfs tree: %w", err)
+		}
+		if k.nrItems == 0 {
+			break
+		}
+		var objectid, offset uint64
+		var typ uint32
+		buf := args.buf[:]
+		for i := uint32(0); i < k.nrItems && len(buf) >= searchHeaderSize; i++ {
+			objectid = le64(buf[8:])
+			offset = le64(buf[16:])
+			typ = le32(buf[24:])
+			n := int(le32(buf[28:]))
+			item := buf[searchHeaderSize:]
+			if n > len(item) {
+				return nil, fmt.Errorf("search btrfs tree: item of %d bytes past the buffer", n)
+			}
+			item, buf = item[:n], item[n:]
+			switch typ {
+			case btrfsInodeItemKey:
+				if n < btrfsInodeItemSize {
+					continue
+				}
+				if t := le64(item[8:]); t > after && t <= upto {
+					byIno[objectid] = &changedInode{ino: objectid, mode: le32(item[52:])}
+					order = append(order, objectid)
+				}
+			case btrfsInodeRefKey:
+				// A list of {index u64, name_len u16, name}.
+				for len(item) >= 10 {
+					l := int(binary.LittleEndian.Uint16(item[8:]))
+					if 10+l > len(item) {
+						break
+					}
+					refs[objectid] = append(refs[objectid], inodeRef{parent: offset, name: string(item[10 : 10+l])})
+					item = item[10+l:]
+				}
+			}
+		}
+		// Continue after the last key returned.
+		k.minObjectID, k.minType, k.minOffset = objectid, typ, offset+1
+		if offset == ^uint64(0) {
+			k.minOffset, k.minType = 0, typ+1
+			if typ == ^uint32(0) {
+				k.minType, k.minObjectID = 0, objectid+1
+			}
+		}
+		if objectid == ^uint64(0) && k.minObjectID == 0 {
+			break
+		}
+	}
+	out := make([]changedInode, 0, len(order))
+	for _, ino := range order {
+		c := byIno[ino]
+		c.refs = refs[ino]
+		out = append(out, *c)
+	}
+	return out, nil
+}
+
+// btrfsInoPath is the path of inode ino relative to the root of subvolume
+// fd, with a trailing slash ("" for the root).
+func btrfsInoPath(fd int, ino uint64) (string, error) {
+	if ino == btrfsFirstFreeObjectID {
+		return "", nil
+	}
+	args := btrfsInoLookupArgs{objectid: ino}
+	if err := ioctl(fd, btrfsIocInoLookup, unsafe.Pointer(&args)); err != nil {
+		return "", fmt.Errorf("look up path of inode %d: %w", ino, err)
+	}
+	n := bytes.IndexByte(args.name[:], 0)
+	if n < 0 {
+		n = len(args.name)
+	}
+	return string(args.name[:n]), nil
+}
+
+func le64(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
+
+func le32(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }

@@ -40,7 +40,73 @@ const (
 	// File API transfers (step 0).
 	EventFileUploaded   = "file.uploaded"
 	EventFileDownloaded = "file.downloaded"
+	// EventFileChanged lists what a command changed in the sandbox's
+	// filesystem (FileChanges), computed by the daemon after it ended; at
+	// stop and capture (step 0) what changed since the last command.
+	EventFileChanged = "file.changed"
+
+	// Packages a step installed, removed or upgraded (PackageChange),
+	// derived from its file.changed event.
+	EventPackageInstalled = "package.installed"
+	EventPackageRemoved   = "package.removed"
+	EventPackageUpgraded  = "package.upgraded"
 )
+
+// FileChanges is a file.changed event's data. The lists hold at most a
+// capped number of paths in all (Truncated then marks that some were left
+// out); the counts are always complete.
+type FileChanges struct {
+	Added    []AddedFile    `json:"added,omitempty"`
+	Modified []ModifiedFile `json:"modified,omitempty"`
+	Deleted  []string       `json:"deleted,omitempty"`
+	// AddedCount, ModifiedCount and DeletedCount count every change.
+	AddedCount    int  `json:"added_count"`
+	ModifiedCount int  `json:"modified_count"`
+	DeletedCount  int  `json:"deleted_count"`
+	Truncated     bool `json:"truncated,omitempty"`
+	// Incomplete: the daemon's index of this sandbox's files is full, so
+	// deletions of files it does not hold are not seen.
+	Incomplete bool `json:"incomplete,omitempty"`
+	// At is the lifecycle event that caused a step-0 scan (stopped,
+	// captured); empty after a command.
+	At string `json:"at,omitempty"`
+}
+
+// AddedFile is a path a step created. Mode is in ls -l form
+// ("-rw-r--r--", "drwxr-xr-x").
+type AddedFile struct {
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+	Mode string `json:"mode"`
+}
+
+// ModifiedFile is a path a step changed; SizeBefore and ModeBefore are
+// set when they differ from now.
+type ModifiedFile struct {
+	Path       string `json:"path"`
+	SizeBefore *int64 `json:"size_before,omitempty"`
+	Size       int64  `json:"size"`
+	ModeBefore string `json:"mode_before,omitempty"`
+	Mode       string `json:"mode"`
+}
+
+// Package ecosystems.
+const (
+	EcosystemDpkg = "dpkg"
+	EcosystemPip  = "pip"
+	EcosystemNpm  = "npm"
+)
+
+// PackageChange is a package event's data. PreviousVersion is set for an
+// upgrade (the version before; for a removal, Version is the one removed).
+// Path is where npm and pip keep it (its node_modules or dist-info dir).
+type PackageChange struct {
+	Ecosystem       string `json:"ecosystem"`
+	Name            string `json:"name"`
+	Version         string `json:"version"`
+	PreviousVersion string `json:"previous_version,omitempty"`
+	Path            string `json:"path,omitempty"`
+}
 
 // Stop reasons carried by a stopped event's data.reason.
 const (
