@@ -50,6 +50,7 @@ type serveFlags struct {
 	execOutputLimit    int
 	auditRetention     time.Duration
 	auditOutputCap     int
+	auditExport        auditExportFlags
 	egress             egressFlags
 	hostResolv         string
 	conns              api.ConnLimits
@@ -128,6 +129,7 @@ func newServeCmd() *cobra.Command {
 		"how long sandboxes' audit records (events and command output) are kept, also after the sandbox is deleted")
 	fl.IntVar(&f.auditOutputCap, "audit-output-cap", record.DefaultOutputCap,
 		"bytes of each command output stream the audit record keeps (first and last halves; the middle is dropped and marked)")
+	addAuditExportFlags(fl, &f.auditExport)
 	return cmd
 }
 
@@ -209,15 +211,22 @@ func serve(ctx context.Context, f serveFlags) error {
 		return err
 	}
 	registries := registry.New(st, box)
-	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, tel, log)
+	// The record closes (writing what is queued) after the manager, the
+	// API and the egress proxy are done recording, before the store
+	// closes.
+	exporters, err := auditExporters(ctx, f.auditExport, log)
+	if err != nil {
+		return err
+	}
+	rec := record.New(st, record.Options{Retention: f.auditRetention, OutputCap: f.auditOutputCap, Exporters: exporters, Logger: log})
+	defer rec.Close()
+	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, tel, rec, log)
 	if err != nil {
 		return err
 	}
 	defer egress.Close()
-	// The record closes (writing what is queued) after the manager and
-	// the API are done recording, before the store closes.
-	rec := record.New(st, record.Options{Retention: f.auditRetention, OutputCap: f.auditOutputCap, Logger: log})
-	defer rec.Close()
+	flowsDone := watchFlows(ctx, netmgr, egress, log)
+	defer flowsDone()
 	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
 		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Observer: tel,
 		Recorder: rec})

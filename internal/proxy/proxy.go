@@ -5,9 +5,12 @@
 // re-encrypting to the real server.
 //
 // Traffic arrives by redirect, not by proxy settings: internal/network
-// rewrites a proxied sandbox's TCP 80/443 to the proxy's port on the host
-// side of its veth, and the proxy learns the real destination from
-// conntrack. A connection is attributed to a sandbox by its source address,
+// rewrites every sandbox's TCP 80/443 to the proxy's port on the host side
+// of its veth, and the proxy learns the real destination from conntrack.
+// A sandbox without a proxy_config gets a pass-through: everything
+// allowed, nothing intercepted, each connection dialled where the sandbox
+// sent it; the proxy is in its path only to record its traffic
+// (record.go). A connection is attributed to a sandbox by its source address,
 // which the network policy guarantees (anti-spoofing on sandbox veths).
 //
 // Invariants:
@@ -91,6 +94,9 @@ type Config struct {
 	// Meter counts decisions and relayed bytes for metrics
 	// (internal/telemetry); nil counts nothing.
 	Meter Meter
+	// Recorder receives every request, connection and DNS query for the
+	// sandbox's audit record (internal/record); nil records nothing.
+	Recorder Recorder
 }
 
 // Meter is what the proxy reports to metrics.
@@ -142,11 +148,6 @@ type sandbox struct {
 	log           eventLog
 	dns           eventLog      // name lookups through the daemon's resolver
 	dnsSlots      chan struct{} // bounds its forwarded queries in flight
-	// filtered records that packet rules were installed for this sandbox
-	// (by this process), so an open, unproxied policy — the common case —
-	// costs no nftables transaction at boot, and replacing a restrictive
-	// policy with an open one still clears its rules. Guarded by Service.mu.
-	filtered bool
 }
 
 // New loads (or creates) the CA and starts listening. Call Close to stop.
@@ -162,6 +163,9 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if cfg.Meter == nil {
 		cfg.Meter = nopMeter{}
+	}
+	if cfg.Recorder == nil {
+		cfg.Recorder = nopRecorder{}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -286,22 +290,13 @@ func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.
 			np.Nets = append(np.Nets, n)
 		}
 	}
-	if pol.Proxied() {
-		np.ProxyPort, np.DNSPort = s.port, s.dns.port
-	}
-	open := np.Mode == network.EgressOpen && np.ProxyPort == 0
-	s.mu.Lock()
-	skip := open && !sb.filtered
-	s.mu.Unlock()
-	if skip {
-		return nil
-	}
+	// Every sandbox's web traffic and DNS come through the daemon, a
+	// policed one's to be enforced, any other's (pass-through) to be
+	// recorded.
+	np.ProxyPort, np.DNSPort = s.port, s.dns.port
 	if err := s.cfg.Network.SetEgress(ep.ID, np); err != nil {
 		return fmt.Errorf("proxy: attach %s: %w", id, err)
 	}
-	s.mu.Lock()
-	sb.filtered = !open
-	s.mu.Unlock()
 	s.log.DebugContext(ctx, "egress policy applied", "sandbox", id, "mode", pol.Mode.String(), "nets", len(np.Nets), "rules", len(pol.Rules), "proxied", pol.Proxied())
 	return nil
 }

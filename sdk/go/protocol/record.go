@@ -39,6 +39,15 @@ const (
 	// File API transfers (step 0).
 	EventFileUploaded   = "file.uploaded"
 	EventFileDownloaded = "file.downloaded"
+
+	// Network events (kind network), recorded by the daemon: an HTTP
+	// request through the egress proxy (plain, or inside intercepted
+	// TLS), a TLS connection it spliced by SNI, another TCP or UDP flow
+	// (from conntrack), and a query to the daemon's resolver.
+	EventNetworkHTTP = "network.http"
+	EventNetworkTLS  = "network.tls"
+	EventNetworkFlow = "network.flow"
+	EventNetworkDNS  = "network.dns"
 )
 
 // Stop reasons carried by a stopped event's data.reason.
