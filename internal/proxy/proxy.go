@@ -164,9 +164,6 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Meter == nil {
 		cfg.Meter = nopMeter{}
 	}
-	if cfg.Recorder == nil {
-		cfg.Recorder = nopRecorder{}
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}

@@ -28,6 +28,14 @@ type nopRecorder struct{}
 
 func (nopRecorder) Network(context.Context, string, string, string, map[string]any) {}
 
+// recorder is Config.Recorder, or one recording nothing.
+func (s *Service) recorder() Recorder {
+	if s.cfg.Recorder == nil {
+		return nopRecorder{}
+	}
+	return s.cfg.Recorder
+}
+
 // verdictData is the decision part every event carries; rules are the
 // names of the rules applied, never their values.
 func verdictData(ev Event) map[string]any {
@@ -57,7 +65,7 @@ func (s *Service) recordRequest(ctx context.Context, m *connMeta, r *http.Reques
 		d["query_keys"] = keys
 	}
 	d["dest"], d["status"], d["bytes_up"], d["bytes_down"], d["duration_ms"] = m.od.String(), status, up, down, took.Milliseconds()
-	s.cfg.Recorder.Network(context.WithoutCancel(ctx), m.sb.id, m.sb.workspace, protocol.EventNetworkHTTP, d)
+	s.recorder().Network(context.WithoutCancel(ctx), m.sb.id, m.sb.workspace, protocol.EventNetworkHTTP, d)
 }
 
 // queryKeys is the names of a raw query's parameters, sorted, each once:
@@ -79,7 +87,7 @@ func queryKeys(raw string) []string {
 func (s *Service) recordConn(sb *sandbox, ev Event, up, down int64) {
 	d := verdictData(ev)
 	d["host"], d["dest"], d["bytes_up"], d["bytes_down"], d["duration_ms"] = ev.Host, ev.Dest, up, down, time.Since(ev.Time).Milliseconds()
-	s.cfg.Recorder.Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkTLS, d)
+	s.recorder().Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkTLS, d)
 }
 
 // recordDNS records a query to the daemon's resolver with the answer it
@@ -93,7 +101,7 @@ func (s *Service) recordDNS(sb *sandbox, ev Event, resp *dns.Msg) {
 			d["answers"] = ans
 		}
 	}
-	s.cfg.Recorder.Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkDNS, d)
+	s.recorder().Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkDNS, d)
 }
 
 // answers is the addresses and names a response's answer section holds.
@@ -137,5 +145,5 @@ func (s *Service) RecordFlow(f network.Flow) {
 	if !f.Start.IsZero() {
 		d["started"] = f.Start.UTC()
 	}
-	s.cfg.Recorder.Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkFlow, d)
+	s.recorder().Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkFlow, d)
 }
