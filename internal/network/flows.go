@@ -115,7 +115,7 @@ type flowWatcher struct {
 	// done holds the ids of TCP flows reported at TIME_WAIT/CLOSE, so
 	// their destroy event is not reported again; entries go after
 	// doneTTL (longer than TIME_WAIT's 120 s).
-	done map[uint32]time.Time
+	done  map[uint32]time.Time
 	swept time.Time
 }
 
@@ -190,11 +190,11 @@ func (w *flowWatcher) sweep(now time.Time) {
 func flowOf(f conntrack.Flow, now time.Time) Flow {
 	o := f.TupleOrig
 	out := Flow{Proto: "udp",
-		Src:       netip.AddrPortFrom(o.IP.SourceAddress.Unmap(), o.Proto.SourcePort),
-		Dst:       netip.AddrPortFrom(o.IP.DestinationAddress.Unmap(), o.Proto.DestinationPort),
-		BytesUp:   f.CountersOrig.Bytes, PacketsUp: f.CountersOrig.Packets,
+		Src:     netip.AddrPortFrom(o.IP.SourceAddress.Unmap(), o.Proto.SourcePort),
+		Dst:     netip.AddrPortFrom(o.IP.DestinationAddress.Unmap(), o.Proto.DestinationPort),
+		BytesUp: f.CountersOrig.Bytes, PacketsUp: f.CountersOrig.Packets,
 		BytesDown: f.CountersReply.Bytes, PacketsDown: f.CountersReply.Packets,
-		Start:     f.Timestamp.Start}
+		Start: f.Timestamp.Start}
 	if o.Proto.Protocol == unix.IPPROTO_TCP {
 		out.Proto = "tcp"
 	}

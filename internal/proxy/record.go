@@ -21,12 +21,14 @@ const ReasonPassThrough = "pass-through: no proxy_config"
 // record (*record.Recorder implements it). It must not block: it is called
 // as each request, connection and query finishes.
 type Recorder interface {
-	Network(ctx context.Context, sandboxID, workspaceID, typ string, data map[string]any)
+	// Network records an event of typ begun at at (which picks the
+	// command step it belongs to).
+	Network(ctx context.Context, sandboxID, workspaceID, typ string, at time.Time, data map[string]any)
 }
 
 type nopRecorder struct{}
 
-func (nopRecorder) Network(context.Context, string, string, string, map[string]any) {}
+func (nopRecorder) Network(context.Context, string, string, string, time.Time, map[string]any) {}
 
 // recorder is Config.Recorder, or one recording nothing.
 func (s *Service) recorder() Recorder {
@@ -65,7 +67,7 @@ func (s *Service) recordRequest(ctx context.Context, m *connMeta, r *http.Reques
 		d["query_keys"] = keys
 	}
 	d["dest"], d["status"], d["bytes_up"], d["bytes_down"], d["duration_ms"] = m.od.String(), status, up, down, took.Milliseconds()
-	s.recorder().Network(context.WithoutCancel(ctx), m.sb.id, m.sb.workspace, protocol.EventNetworkHTTP, d)
+	s.recorder().Network(context.WithoutCancel(ctx), m.sb.id, m.sb.workspace, protocol.EventNetworkHTTP, time.Now().Add(-took), d)
 }
 
 // queryKeys is the names of a raw query's parameters, sorted, each once:
@@ -87,7 +89,7 @@ func queryKeys(raw string) []string {
 func (s *Service) recordConn(sb *sandbox, ev Event, up, down int64) {
 	d := verdictData(ev)
 	d["host"], d["dest"], d["bytes_up"], d["bytes_down"], d["duration_ms"] = ev.Host, ev.Dest, up, down, time.Since(ev.Time).Milliseconds()
-	s.recorder().Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkTLS, d)
+	s.recorder().Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkTLS, ev.Time, d)
 }
 
 // recordDNS records a query to the daemon's resolver with the answer it
@@ -101,7 +103,7 @@ func (s *Service) recordDNS(sb *sandbox, ev Event, resp *dns.Msg) {
 			d["answers"] = ans
 		}
 	}
-	s.recorder().Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkDNS, d)
+	s.recorder().Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkDNS, ev.Time, d)
 }
 
 // answers is the addresses and names a response's answer section holds.
@@ -145,5 +147,5 @@ func (s *Service) RecordFlow(f network.Flow) {
 	if !f.Start.IsZero() {
 		d["started"] = f.Start.UTC()
 	}
-	s.recorder().Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkFlow, d)
+	s.recorder().Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkFlow, f.Start, d)
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -29,7 +30,7 @@ type recorded struct {
 	data         map[string]any
 }
 
-func (f *fakeRecorder) Network(_ context.Context, sandboxID, _, typ string, data map[string]any) {
+func (f *fakeRecorder) Network(_ context.Context, sandboxID, _, typ string, _ time.Time, data map[string]any) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.evs = append(f.evs, recorded{sandboxID, typ, data})

@@ -9,9 +9,9 @@ import (
 
 // Network events come from the daemon's side of a sandbox's traffic (the
 // egress proxy, its resolver, conntrack), never from the agent. They are
-// attributed to a step by time: while exactly one command of the sandbox
-// is running, its step; otherwise (none, or several at once, where the
-// daemon cannot tell which process opened a connection) step 0.
+// attributed to a step by when the connection (or query) began: the step
+// of the only command of the sandbox running then; step 0 when none was,
+// or several were (the daemon cannot tell which process opened it).
 //
 // A sandbox can open connections far faster than anyone reads a record,
 // so each sandbox's network events pass a token bucket (NetBurst events,
@@ -42,22 +42,26 @@ func (b *netBucket) take(now time.Time) bool {
 }
 
 // Network records a network event of typ (protocol.EventNetwork*) for
-// sandboxID. data is marshalled as the event's object, with
-// dropped_before added when the sandbox's earlier events were refused by
-// its rate bound; it must marshal to a JSON object.
-func (r *Recorder) Network(ctx context.Context, sandboxID, workspaceID, typ string, data map[string]any) {
+// sandboxID, begun at at (zero: now), which picks its step. data becomes
+// the event's object, with dropped_before added when the sandbox's
+// earlier events were refused by its rate bound.
+func (r *Recorder) Network(ctx context.Context, sandboxID, workspaceID, typ string, at time.Time, data map[string]any) {
+	now := time.Now()
+	if at.IsZero() {
+		at = now
+	}
 	r.mu.Lock()
 	b := r.nets[sandboxID]
 	if b == nil {
-		b = &netBucket{tokens: NetBurst, last: time.Now()}
+		b = &netBucket{tokens: NetBurst, last: now}
 		r.nets[sandboxID] = b
 	}
-	ok := b.take(time.Now())
+	ok := b.take(now)
 	var dropped int64
 	if ok {
 		dropped, b.dropped = b.dropped, 0
 	}
-	step := r.runningStepLocked(sandboxID)
+	step := r.stepAtLocked(sandboxID, at)
 	r.mu.Unlock()
 	if !ok {
 		return
@@ -68,44 +72,71 @@ func (r *Recorder) Network(ctx context.Context, sandboxID, workspaceID, typ stri
 	r.record(ctx, Event{SandboxID: sandboxID, WorkspaceID: workspaceID, Kind: protocol.KindNetwork, Type: typ, Step: step, Data: data})
 }
 
-// runningStepLocked is the step of sandboxID's only running command, or 0.
-// Callers hold mu.
-func (r *Recorder) runningStepLocked(sandboxID string) int64 {
-	run := r.running[sandboxID]
-	if len(run) != 1 {
-		return 0
-	}
-	for c := range run {
-		return c.step
-	}
-	return 0
+// span is when one command ran; end is zero while it runs.
+type span struct {
+	c          *Command
+	start, end time.Time
 }
 
-// runStart and runEnd keep the set of running commands per sandbox (with
-// or without a command id) that network events are attributed to.
+// Spans of ended commands are kept spanKeep (a connection is recorded
+// when it closes, which may be after its command ended), at most spanMax
+// per sandbox.
+const (
+	spanKeep = 10 * time.Minute
+	spanMax  = 64
+)
+
+// stepAtLocked is the step of the only command of sandboxID running at
+// t, or 0 for none or several. Callers hold mu.
+func (r *Recorder) stepAtLocked(sandboxID string, t time.Time) int64 {
+	var step int64
+	n := 0
+	for _, s := range r.spans[sandboxID] {
+		if !t.Before(s.start) && (s.end.IsZero() || !t.After(s.end)) {
+			step = s.c.step
+			n++
+		}
+	}
+	if n != 1 {
+		return 0
+	}
+	return step
+}
+
+// runStart and runEnd keep when each command of a sandbox ran (with or
+// without a command id), which network events are attributed by.
 func (r *Recorder) runStart(c *Command) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.running[c.key.sandbox] == nil {
-		r.running[c.key.sandbox] = map[*Command]struct{}{}
+	spans := r.spans[c.key.sandbox]
+	// Forget ended spans past spanKeep, and the oldest past spanMax.
+	kept := spans[:0]
+	for _, s := range spans {
+		if s.end.IsZero() || c.start.Sub(s.end) < spanKeep {
+			kept = append(kept, s)
+		}
 	}
-	r.running[c.key.sandbox][c] = struct{}{}
+	if len(kept) >= spanMax {
+		kept = kept[len(kept)-spanMax+1:]
+	}
+	r.spans[c.key.sandbox] = append(kept, &span{c: c, start: c.start})
 }
 
 func (r *Recorder) runEnd(c *Command) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.running[c.key.sandbox], c)
-	if len(r.running[c.key.sandbox]) == 0 {
-		delete(r.running, c.key.sandbox)
+	for _, s := range r.spans[c.key.sandbox] {
+		if s.c == c {
+			s.end = time.Now()
+		}
 	}
 }
 
-// forgetNetwork drops sandboxID's rate bound and running commands when
-// it stops: nothing of it runs any more.
+// forgetNetwork drops sandboxID's rate bound and command spans when it
+// stops: nothing of it runs any more.
 func (r *Recorder) forgetNetwork(sandboxID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.nets, sandboxID)
-	delete(r.running, sandboxID)
+	delete(r.spans, sandboxID)
 }

@@ -12,26 +12,32 @@ import (
 )
 
 // TestNetworkStepAttribution checks network events take the step of the
-// sandbox's only running command (with or without a command id), and
-// step 0 when none or several run.
+// sandbox's only command running when they began (with or without a
+// command id), and step 0 when none or several ran.
 func TestNetworkStepAttribution(t *testing.T) {
 	st, _ := openStore(t)
 	r := newRecorder(t, st, Options{})
 	ctx := context.Background()
+	var at time.Time // zero: now
 	net := func(host string) {
-		r.Network(ctx, "a", "w", protocol.EventNetworkHTTP, map[string]any{"host": host})
+		r.Network(ctx, "a", "w", protocol.EventNetworkHTTP, at, map[string]any{"host": host})
 	}
 	net("idle")
 	c1 := r.StartCommand(ctx, CommandStart{SandboxID: "a", WorkspaceID: "w", Command: "curl one"}) // no id (HTTP execute)
 	r.StartCommand(ctx, CommandStart{SandboxID: "b", WorkspaceID: "w", CommandID: "x", Command: "other sandbox"})
 	net("one")
+	during := time.Now()
 	c2 := r.StartCommand(ctx, CommandStart{SandboxID: "a", WorkspaceID: "w", CommandID: "c2", Command: "curl two"})
 	net("both")
 	c1.Exited(ctx, new(int), "")
 	net("two")
 	c2.Exited(ctx, new(int), "")
 	net("after")
-	want := map[string]int64{"idle": 0, "one": c1.Step(), "both": 0, "two": c2.Step(), "after": 0}
+	// A connection recorded when it closes, after its command ended,
+	// belongs to the command running when it began.
+	at = during
+	net("late")
+	want := map[string]int64{"idle": 0, "one": c1.Step(), "both": 0, "two": c2.Step(), "after": 0, "late": c1.Step()}
 	evs := events(t, r, store.AuditQuery{SandboxID: "a", Kinds: []string{protocol.KindNetwork}})
 	if len(evs) != len(want) {
 		t.Fatalf("network events = %+v", evs)
@@ -54,15 +60,15 @@ func TestNetworkRateBound(t *testing.T) {
 	r := newRecorder(t, st, Options{})
 	ctx := context.Background()
 	for range NetBurst + 50 {
-		r.Network(ctx, "a", "w", protocol.EventNetworkFlow, map[string]any{})
+		r.Network(ctx, "a", "w", protocol.EventNetworkFlow, time.Time{}, map[string]any{})
 	}
 	// Other sandboxes have their own budget.
-	r.Network(ctx, "b", "w", protocol.EventNetworkFlow, map[string]any{})
+	r.Network(ctx, "b", "w", protocol.EventNetworkFlow, time.Time{}, map[string]any{})
 	if n := len(events(t, r, store.AuditQuery{SandboxID: "b"})); n != 1 {
 		t.Fatalf("sandbox b has %d events", n)
 	}
 	time.Sleep(2 * time.Second / NetRate) // a token or two
-	r.Network(ctx, "a", "w", protocol.EventNetworkFlow, map[string]any{"last": true})
+	r.Network(ctx, "a", "w", protocol.EventNetworkFlow, time.Time{}, map[string]any{"last": true})
 	evs := events(t, r, store.AuditQuery{SandboxID: "a", Limit: 5000})
 	var d struct {
 		Last          bool  `json:"last"`
@@ -109,7 +115,7 @@ func TestExportersSeeEveryEventInOrder(t *testing.T) {
 	ctx := context.Background()
 	r.Record(ctx, lifecycle("a", protocol.EventCreated))
 	for range 600 { // more than one batch
-		r.Network(ctx, "a", "w", protocol.EventNetworkDNS, map[string]any{})
+		r.Network(ctx, "a", "w", protocol.EventNetworkDNS, time.Time{}, map[string]any{})
 	}
 	r.Close()
 	if !sink.closed || len(sink.seqs) != 601 {

@@ -116,11 +116,11 @@ type Recorder struct {
 	subs   map[string]map[*follower]struct{} // live followers per sandbox
 	ended  bool                              // EndFollowers was called
 	cmds   map[cmdKey]*Command               // open commands
-	// running holds every running command per sandbox (also those
+	// spans holds when each recent command of a sandbox ran (also those
 	// without an id), nets each sandbox's network event budget.
-	running map[string]map[*Command]struct{}
-	nets    map[string]*netBucket
-	q       chan item
+	spans map[string][]*span
+	nets  map[string]*netBucket
+	q     chan item
 
 	dropped   atomic.Uint64
 	stopPrune chan struct{}
@@ -150,7 +150,7 @@ func New(st Store, opt Options) *Recorder {
 	}
 	r := &Recorder{st: st, opt: opt, log: opt.Logger,
 		seqs: map[string]int64{}, subs: map[string]map[*follower]struct{}{}, cmds: map[cmdKey]*Command{},
-		running: map[string]map[*Command]struct{}{}, nets: map[string]*netBucket{},
+		spans: map[string][]*span{}, nets: map[string]*netBucket{},
 		q: make(chan item, opt.Buffer), stopPrune: make(chan struct{})}
 	r.wg.Add(2)
 	go r.write()

@@ -26,6 +26,11 @@ type egressEnv struct {
 
 // extraNames also resolve to the internet's first address.
 func newEgressEnv(t testing.TB, rt string, extraNames ...string) *egressEnv {
+	return newEgressEnvArgs(t, rt, nil, extraNames...)
+}
+
+// newEgressEnvArgs is newEgressEnv with extra daemon flags.
+func newEgressEnvArgs(t testing.TB, rt string, flags []string, extraNames ...string) *egressEnv {
 	in := newInternet(t)
 	caFile := filepath.Join(t.TempDir(), "inet-ca.pem")
 	if err := os.WriteFile(caFile, in.caPEM, 0o644); err != nil {
@@ -41,7 +46,7 @@ func newEgressEnv(t testing.TB, rt string, extraNames ...string) *egressEnv {
 	for _, name := range extraNames {
 		args = append(args, "--egress-resolve", name+"="+in.addr(0))
 	}
-	d := startDaemonArgs(t, rt, "", args...)
+	d := startDaemonArgs(t, rt, "", append(args, flags...)...)
 	sn := readySnapshot(t, d.Client, "egress", testImage(t))
 	return &egressEnv{d: d, in: in, snap: sn.ID}
 }
