@@ -108,6 +108,9 @@ type commandData struct {
 // timelineLine renders one event: seq, time, actor, then what happened.
 func timelineLine(e protocol.AuditEvent) string {
 	head := fmt.Sprintf("%5d  %s  %-12s  ", e.Seq, e.Time.Local().Format("2006-01-02 15:04:05.000"), actorName(e.Actor))
+	if e.Kind == protocol.KindNetwork {
+		return head + fmt.Sprintf("%-9s ", e.Kind) + networkLine(e)
+	}
 	if e.Kind != protocol.KindCommand {
 		return head + fmt.Sprintf("%-9s %s", e.Kind, e.Type) + dataSummary(e.Data)
 	}
