@@ -148,6 +148,11 @@ type sandbox struct {
 	log           eventLog
 	dns           eventLog      // name lookups through the daemon's resolver
 	dnsSlots      chan struct{} // bounds its forwarded queries in flight
+	// filtered records that packet rules were installed for this sandbox
+	// (by this process), so an open, unproxied policy — the common case —
+	// costs no nftables transaction at boot, and replacing a restrictive
+	// policy with an open one still clears its rules. Guarded by Service.mu.
+	filtered bool
 }
 
 // New loads (or creates) the CA and starts listening. Call Close to stop.
@@ -204,6 +209,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	}
 	if s.dns, err = s.startDNS(cfg.DNSListen); err != nil {
 		ln.Close()
+		return nil, err
+	}
+	if err := cfg.Network.RedirectAll(s.port, s.dns.port); err != nil {
+		ln.Close()
+		s.dns.close()
 		return nil, err
 	}
 	go s.srv.Serve(s.conns)
@@ -287,13 +297,25 @@ func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.
 			np.Nets = append(np.Nets, n)
 		}
 	}
-	// Every sandbox's web traffic and DNS come through the daemon, a
-	// policed one's to be enforced, any other's (pass-through) to be
-	// recorded.
-	np.ProxyPort, np.DNSPort = s.port, s.dns.port
+	if pol.Proxied() {
+		np.ProxyPort, np.DNSPort = s.port, s.dns.port
+	}
+	// Without a policy the sandbox's web and DNS still come to the proxy
+	// and resolver (RedirectAll, at New), as a pass-through: only an
+	// enforced policy needs rules of its own.
+	open := np.Mode == network.EgressOpen && np.ProxyPort == 0
+	s.mu.Lock()
+	skip := open && !sb.filtered
+	s.mu.Unlock()
+	if skip {
+		return nil
+	}
 	if err := s.cfg.Network.SetEgress(ep.ID, np); err != nil {
 		return fmt.Errorf("proxy: attach %s: %w", id, err)
 	}
+	s.mu.Lock()
+	sb.filtered = !open
+	s.mu.Unlock()
 	s.log.DebugContext(ctx, "egress policy applied", "sandbox", id, "mode", pol.Mode.String(), "nets", len(np.Nets), "rules", len(pol.Rules), "proxied", pol.Proxied())
 	return nil
 }
