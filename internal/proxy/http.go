@@ -112,6 +112,7 @@ func (s *Service) forward(w http.ResponseWriter, r *http.Request, m *connMeta, h
 			}
 		},
 		Transport:     transport,
+		BufferPool:    relayBuffers,
 		FlushInterval: 0, // ReverseProxy still flushes at once for event streams and unsized bodies
 		ErrorLog:      nil,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {

@@ -3,8 +3,10 @@ package proxy
 import (
 	"context"
 	"net/http"
+	"net/http/httputil"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/miekg/dns"
@@ -149,3 +151,15 @@ func (s *Service) RecordFlow(f network.Flow) {
 	}
 	s.recorder().Network(context.Background(), sb.id, sb.workspace, protocol.EventNetworkFlow, f.Start, d)
 }
+
+// relayBuffer is the size of the buffers HTTP bodies are relayed with
+// (ReverseProxy's default is 32 KiB).
+const relayBuffer = 256 << 10
+
+// relayBuffers pools the body relay buffers of every request.
+var relayBuffers httputil.BufferPool = &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, relayBuffer); return &b }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufferPool) Put(p []byte) { b.p.Put(&p) }
