@@ -122,6 +122,8 @@ func timelineLine(e protocol.AuditEvent) string {
 			s += " (was " + p.PreviousVersion + ")"
 		}
 		return head + s
+	case protocol.KindNetwork:
+		return head + fmt.Sprintf("%-9s ", e.Kind) + networkLine(e)
 	}
 	if e.Kind != protocol.KindCommand {
 		return head + fmt.Sprintf("%-9s %s", e.Kind, e.Type) + dataSummary(e.Data)

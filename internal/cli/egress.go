@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/miekg/dns"
 	"github.com/spf13/pflag"
@@ -48,7 +49,8 @@ func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
 // newEgress starts the egress proxy and opens the workspace secrets vault.
 // The daemon's resolver for proxied sandboxes forwards to hostResolv's
 // nameservers.
-func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, netmgr *network.Manager, box *secrets.Box, ids *jwtkeys.Signer, meter proxy.Meter, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
+func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, netmgr *network.Manager, box *secrets.Box, ids *jwtkeys.Signer, meter proxy.Meter,
+	rec proxy.Recorder, log *slog.Logger) (*proxy.Service, *secrets.Vault, error) {
 	vault, err := secrets.OpenVault(box, filepath.Join(dataDir, "workspace-secrets.json"))
 	if err != nil {
 		return nil, nil, err
@@ -59,7 +61,7 @@ func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, n
 	}
 	cfg := proxy.Config{
 		Network: netmgr, CADir: filepath.Join(dataDir, "ca"), Listen: f.listen,
-		Secrets: vault, Forbidden: []netip.Prefix{netmgr.Pool()}, Logger: log, Meter: meter,
+		Secrets: vault, Forbidden: []netip.Prefix{netmgr.Pool()}, Logger: log, Meter: meter, Recorder: rec,
 		Resolve: map[string]netip.Addr{}, Upstreams: upstreams, MaxConnsPerSandbox: f.maxConns,
 		Identity: ids, STSEndpoint: f.stsEndpoint,
 	}
@@ -106,4 +108,29 @@ func upstreamResolvers(path string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// watchFlows records the sandboxes' flows that bypass the proxy (raw TCP
+// and UDP, from conntrack) until ctx ends or the returned stop is called,
+// restarting the watch when it fails (events lost to a full socket). A
+// host without conntrack events only logs: the rest of the record works.
+func watchFlows(ctx context.Context, netmgr *network.Manager, egress *proxy.Service, log *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for wait := time.Second; ; wait = min(2*wait, time.Minute) {
+			err := netmgr.WatchFlows(ctx, egress.RecordFlow)
+			if ctx.Err() != nil {
+				return
+			}
+			log.Warn("network flow record: restarting", "err", err, "in", wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }

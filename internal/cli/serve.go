@@ -53,6 +53,7 @@ type serveFlags struct {
 	auditRetention     time.Duration
 	auditOutputCap     int
 	auditFiles         bool
+	auditExport        auditExportFlags
 	egress             egressFlags
 	hostResolv         string
 	conns              api.ConnLimits
@@ -133,6 +134,7 @@ func newServeCmd() *cobra.Command {
 		"bytes of each command output stream the audit record keeps (first and last halves; the middle is dropped and marked)")
 	fl.BoolVar(&f.auditFiles, "audit-files", true,
 		"record the files each command added, modified and deleted, and the packages it installed, removed or upgraded")
+	addAuditExportFlags(fl, &f.auditExport)
 	return cmd
 }
 
@@ -239,15 +241,22 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, idSigner, tel, log)
+	// The record closes (writing what is queued) after the manager, the
+	// API and the egress proxy are done recording, before the store
+	// closes.
+	exporters, err := auditExporters(ctx, f.auditExport, log)
+	if err != nil {
+		return err
+	}
+	rec := record.New(st, record.Options{Retention: f.auditRetention, OutputCap: f.auditOutputCap, Exporters: exporters, Logger: log})
+	defer rec.Close()
+	egress, vault, err := newEgress(ctx, f.egress, f.dataDir, f.hostResolv, netmgr, box, idSigner, tel, rec, log)
 	if err != nil {
 		return err
 	}
 	defer egress.Close()
-	// The record closes (writing what is queued) after the manager and
-	// the API are done recording, before the store closes.
-	rec := record.New(st, record.Options{Retention: f.auditRetention, OutputCap: f.auditOutputCap, Logger: log})
-	defer rec.Close()
+	flowsDone := watchFlows(ctx, netmgr, egress, log)
+	defer flowsDone()
 	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
 		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Observer: tel,
 		Recorder: rec})

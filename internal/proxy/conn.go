@@ -135,6 +135,7 @@ func (s *Service) handleTLS(sb *sandbox, c *bufConn, od netip.AddrPort) {
 	ev := Event{Time: time.Now().UTC(), Kind: "tls", Host: sni, Dest: od.String(), Allowed: v.Allowed, Reason: v.Reason}
 	if !v.Allowed {
 		s.deny(sb, ev)
+		s.recordConn(sb, ev, 0, 0)
 		reset(c.Conn.(tcpConn))
 		return
 	}
@@ -154,12 +155,14 @@ func (s *Service) handleTLS(sb *sandbox, c *bufConn, od netip.AddrPort) {
 	if err != nil {
 		ev.Allowed, ev.Reason = false, err.Error()
 		s.deny(sb, ev)
+		s.recordConn(sb, ev, 0, 0)
 		reset(c.Conn.(tcpConn))
 		return
 	}
 	sb.log.add(ev, false)
 	toUp, toSandbox := splice(replay, up)
 	s.cfg.Meter.EgressBytes(toUp, toSandbox)
+	s.recordConn(sb, ev, toUp, toSandbox)
 }
 
 // splice copies both ways until both directions end, half-closing as each
@@ -191,7 +194,14 @@ func splice(a, b net.Conn) (aToB, bToA int64) {
 // to od, and returns where to dial: host itself when the name is allowed,
 // od's address when only the address is (then the proxy connects exactly
 // where the sandbox asked, which the packet policy would allow too).
+//
+// Without a proxy_config the proxy is a pass-through: everything is
+// allowed and it dials exactly the address the sandbox asked for, as if
+// it were not in the path (it is only there to record the traffic).
 func decide(pol *Policy, host string, od netip.AddrPort) (target string, v Verdict) {
+	if !pol.Proxied() {
+		return od.Addr().String(), Verdict{true, ReasonPassThrough}
+	}
 	byAddr := pol.CheckAddr(od.Addr())
 	if host == "" {
 		return od.Addr().String(), byAddr

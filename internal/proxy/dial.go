@@ -135,5 +135,9 @@ func (s *Service) newTransport(sb *sandbox) *http.Transport {
 		MaxIdleConnsPerHost:   32,
 		IdleConnTimeout:       90 * time.Second,
 		DisableCompression:    true, // pass bodies through as the server sent them
+		// Every sandbox's web traffic goes through here: large reads
+		// keep bulk downloads near the speed of a direct connection.
+		ReadBufferSize:  relayBuffer,
+		WriteBufferSize: relayBuffer,
 	}
 }

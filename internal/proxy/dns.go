@@ -13,7 +13,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/connlimit"
 )
 
-// The daemon's resolver serves proxied sandboxes: internal/network
+// The daemon's resolver serves every sandbox: internal/network
 // redirects their UDP and TCP port 53, whatever the address, to it, so no
 // DNS packet of theirs leaves the host. It applies the sandbox's
 // access_control to the queried name before anything is forwarded: a name
@@ -97,7 +97,9 @@ func (s *Service) ServeDNS(w dns.ResponseWriter, q *dns.Msg) {
 	question := q.Question[0]
 	name := normHost(question.Name)
 	ev := Event{Time: time.Now().UTC(), Kind: "dns", Host: name, Type: dns.TypeToString[question.Qtype]}
-	defer func() { sb.dns.add(ev, false) }()
+	aw := &answerWriter{ResponseWriter: w}
+	w = aw
+	defer func() { sb.dns.add(ev, false); s.recordDNS(sb, ev, aw.msg) }()
 	v := sb.policy.Load().CheckHost(name)
 	ev.Allowed, ev.Reason = v.Allowed, v.Reason
 	if !v.Allowed {

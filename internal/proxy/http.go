@@ -29,16 +29,19 @@ func (s *Service) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &up}
 	}
-	s.forward(cw, r.WithContext(ctx), m, host)
+	start := time.Now()
+	ev := s.forward(cw, r.WithContext(ctx), m, host)
 	end(cw.code)
 	s.cfg.Meter.EgressBytes(up.Load(), cw.n)
+	s.recordRequest(ctx, m, r, ev, cw.code, up.Load(), cw.n, time.Since(start))
 }
 
 // forward enforces the policy on the request's Host (every request, not
 // just the connection's first), injects rule headers (TLS only), re-signs
 // AWS requests (TLS only) and forwards it over the sandbox's own
-// transport.
-func (s *Service) forward(w http.ResponseWriter, r *http.Request, m *connMeta, host string) {
+// transport. It returns the decision (zero when the request was refused
+// before one: a misdirected request).
+func (s *Service) forward(w http.ResponseWriter, r *http.Request, m *connMeta, host string) (ev Event) {
 	sb := m.sb
 	kind, scheme := "http", "http"
 	if m.sni != "" {
@@ -52,7 +55,7 @@ func (s *Service) forward(w http.ResponseWriter, r *http.Request, m *connMeta, h
 	}
 	pol := sb.policy.Load()
 	target, v := decide(pol, host, m.od)
-	ev := Event{Time: time.Now().UTC(), Kind: kind, Host: host, Dest: m.od.String(), Allowed: v.Allowed, Reason: v.Reason}
+	ev = Event{Time: time.Now().UTC(), Kind: kind, Host: host, Dest: m.od.String(), Allowed: v.Allowed, Reason: v.Reason}
 	if !v.Allowed {
 		s.deny(sb, ev)
 		denyResponse(w, host, v.Reason)
@@ -90,12 +93,14 @@ func (s *Service) forward(w http.ResponseWriter, r *http.Request, m *connMeta, h
 			}
 		},
 		Transport:     transport,
+		BufferPool:    relayBuffers,
 		FlushInterval: 0, // ReverseProxy still flushes at once for event streams and unsized bodies
 		ErrorLog:      nil,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			status := http.StatusBadGateway
 			if errors.Is(err, ErrForbiddenAddr) || errors.Is(err, errDenied) {
 				status = http.StatusForbidden
+				ev.Allowed, ev.Reason = false, err.Error()
 				s.deny(sb, Event{Time: time.Now().UTC(), Kind: kind, Host: host, Dest: m.od.String(), Reason: err.Error()})
 			} else if !errors.Is(err, context.Canceled) {
 				s.log.Info("egress upstream error", "sandbox", sb.id, "host", host, "err", err)
@@ -104,6 +109,7 @@ func (s *Service) forward(w http.ResponseWriter, r *http.Request, m *connMeta, h
 		},
 	}
 	rp.ServeHTTP(w, r)
+	return ev
 }
 
 // countingWriter records the status and counts the response body bytes

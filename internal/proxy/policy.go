@@ -379,8 +379,9 @@ func ValidSecretName(s string) bool {
 	return true
 }
 
-// Proxied reports whether the sandbox's web traffic must go through the
-// proxy: it has a list to enforce or headers to inject.
+// Proxied reports whether the proxy polices the sandbox's web traffic: it
+// has a list to enforce, headers to inject or callbacks to ask.
+// Otherwise the proxy is a pass-through that only records.
 func (p *Policy) Proxied() bool {
 	return p.Mode != ModeOpen || len(p.Rules) > 0 || len(p.Callbacks) > 0
 }

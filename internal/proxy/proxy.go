@@ -5,9 +5,12 @@
 // re-encrypting to the real server.
 //
 // Traffic arrives by redirect, not by proxy settings: internal/network
-// rewrites a proxied sandbox's TCP 80/443 to the proxy's port on the host
-// side of its veth, and the proxy learns the real destination from
-// conntrack. A connection is attributed to a sandbox by its source address,
+// rewrites every sandbox's TCP 80/443 to the proxy's port on the host side
+// of its veth, and the proxy learns the real destination from conntrack.
+// A sandbox without a proxy_config gets a pass-through: everything
+// allowed, nothing intercepted, each connection dialled where the sandbox
+// sent it; the proxy is in its path only to record its traffic
+// (record.go). A connection is attributed to a sandbox by its source address,
 // which the network policy guarantees (anti-spoofing on sandbox veths).
 //
 // Invariants:
@@ -98,6 +101,9 @@ type Config struct {
 	// Meter counts decisions and relayed bytes for metrics
 	// (internal/telemetry); nil counts nothing.
 	Meter Meter
+	// Recorder receives every request, connection and DNS query for the
+	// sandbox's audit record (internal/record); nil records nothing.
+	Recorder Recorder
 }
 
 // Meter is what the proxy reports to metrics.
@@ -218,6 +224,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		ln.Close()
 		return nil, err
 	}
+	if err := cfg.Network.RedirectAll(s.port, s.dns.port); err != nil {
+		ln.Close()
+		s.dns.close()
+		return nil, err
+	}
 	go s.srv.Serve(s.conns)
 	go s.acceptLoop()
 	s.log.Info("egress proxy listening", "addr", ln.Addr().String(), "dns_port", s.dns.port, "dns_upstreams", cfg.Upstreams)
@@ -302,6 +313,9 @@ func (s *Service) Attach(ctx context.Context, id, workspace string, ep *network.
 	if pol.Proxied() {
 		np.ProxyPort, np.DNSPort = s.port, s.dns.port
 	}
+	// Without a policy the sandbox's web and DNS still come to the proxy
+	// and resolver (RedirectAll, at New), as a pass-through: only an
+	// enforced policy needs rules of its own.
 	open := np.Mode == network.EgressOpen && np.ProxyPort == 0
 	s.mu.Lock()
 	skip := open && !sb.filtered

@@ -94,6 +94,7 @@ func (r *Recorder) StartCommand(ctx context.Context, s CommandStart) *Command {
 	c.step = r.record(ctx, Event{SandboxID: s.SandboxID, WorkspaceID: s.WorkspaceID, Kind: protocol.KindCommand,
 		Type: protocol.EventCommandStarted, Data: startedData{CommandID: s.CommandID, Command: s.Command, Shell: s.Shell,
 			User: s.User, Cwd: s.Cwd, EnvKeys: s.EnvKeys, TimeoutSeconds: s.TimeoutSeconds, PTY: s.PTY, Via: s.Via}})
+	r.runStart(c)
 	r.mu.Lock()
 	var evict *Command
 	if s.CommandID != "" {
@@ -240,6 +241,7 @@ func (c *Command) end(ctx context.Context, code *int, errType, lost string) {
 		delete(c.r.cmds, c.key)
 	}
 	c.r.mu.Unlock()
+	c.r.runEnd(c)
 	c.event(ctx, protocol.EventCommandExited, d)
 	if c.step == 0 {
 		return // its start was dropped: nothing to attach output to

@@ -65,7 +65,19 @@ type Options struct {
 	// OutputCap is the bytes of each command output stream kept, head and
 	// tail halves (default DefaultOutputCap).
 	OutputCap int
+	// Exporters get every event once it has been written (or failed to
+	// be), in the order recorded; Close closes them.
+	Exporters []Exporter
 	Logger    *slog.Logger
+}
+
+// Exporter sends events to a system outside the daemon (a JSONL file, an
+// OpenTelemetry collector): internal/record/export. Export is called by
+// the Recorder's one writer goroutine, with batches in record order, so
+// it must not block for long; Close flushes what it holds.
+type Exporter interface {
+	Export(evs []protocol.AuditEvent)
+	Close() error
 }
 
 // Defaults of Options.
@@ -105,7 +117,11 @@ type Recorder struct {
 	ended  bool                              // EndFollowers was called
 	cmds   map[cmdKey]*Command               // open commands
 	files  FileWatcher                       // nil: no file events
-	q      chan item
+	// spans holds when each recent command of a sandbox ran (also those
+	// without an id), nets each sandbox's network event budget.
+	spans map[string][]*span
+	nets  map[string]*netBucket
+	q     chan item
 
 	dropped   atomic.Uint64
 	stopPrune chan struct{}
@@ -135,6 +151,7 @@ func New(st Store, opt Options) *Recorder {
 	}
 	r := &Recorder{st: st, opt: opt, log: opt.Logger,
 		seqs: map[string]int64{}, subs: map[string]map[*follower]struct{}{}, cmds: map[cmdKey]*Command{},
+		spans: map[string][]*span{}, nets: map[string]*netBucket{},
 		q: make(chan item, opt.Buffer), stopPrune: make(chan struct{})}
 	r.wg.Add(2)
 	go r.write()
@@ -153,6 +170,12 @@ func (r *Recorder) Close() {
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
+	for _, x := range r.opt.Exporters {
+		if err := x.Close(); err != nil {
+			r.log.Error("record: close exporter", "err", err)
+		}
+	}
+	r.opt.Exporters = nil
 }
 
 // Dropped is how many events and outputs were lost to a full queue.
@@ -190,6 +213,7 @@ func (r *Recorder) fileWatcher() FileWatcher {
 func (r *Recorder) Record(ctx context.Context, e Event) {
 	if e.Kind == protocol.KindLifecycle && (e.Type == protocol.EventStopped || e.Type == protocol.EventDeleted) {
 		r.endCommands(ctx, e.SandboxID, e.Type)
+		r.forgetNetwork(e.SandboxID)
 	}
 	r.record(ctx, e)
 	if w := r.fileWatcher(); w != nil && e.Kind == protocol.KindLifecycle {
@@ -332,6 +356,11 @@ func (r *Recorder) write() {
 				r.dropped.Add(uint64(len(evs) + len(outs)))
 			}
 			cancel()
+		}
+		if len(evs) > 0 {
+			for _, x := range r.opt.Exporters {
+				x.Export(evs)
+			}
 		}
 		evs, outs = evs[:0], outs[:0]
 		for _, w := range waiters {

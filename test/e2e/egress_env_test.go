@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -16,6 +17,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,6 +121,12 @@ func (in *internet) serve(t testing.TB) {
 		// credential tests.
 		"*.googleapis.com", "*.e2e.test")
 	plain := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n, err := strconv.ParseInt(strings.TrimPrefix(r.URL.Path, "/bytes/"), 10, 64); err == nil {
+			// /bytes/N: N zero bytes, for throughput benchmarks.
+			w.Header().Set("Content-Length", strconv.FormatInt(n, 10))
+			_, _ = io.CopyN(w, zeros{}, n)
+			return
+		}
 		fmt.Fprintf(w, "hello from the internet: host=%s\n", r.Host)
 	})
 	secure := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -153,6 +162,14 @@ func (in *internet) serve(t testing.TB) {
 			c.Close()
 		}
 	}()
+}
+
+// zeros reads as endless zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // route makes the HTTPS server hand requests for host to h.

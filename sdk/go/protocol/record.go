@@ -50,6 +50,15 @@ const (
 	EventPackageInstalled = "package.installed"
 	EventPackageRemoved   = "package.removed"
 	EventPackageUpgraded  = "package.upgraded"
+
+	// Network events (kind network), recorded by the daemon: an HTTP
+	// request through the egress proxy (plain, or inside intercepted
+	// TLS), a TLS connection it spliced by SNI, another TCP or UDP flow
+	// (from conntrack), and a query to the daemon's resolver.
+	EventNetworkHTTP = "network.http"
+	EventNetworkTLS  = "network.tls"
+	EventNetworkFlow = "network.flow"
+	EventNetworkDNS  = "network.dns"
 )
 
 // FileChanges is a file.changed event's data. The lists hold at most a
