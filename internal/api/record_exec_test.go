@@ -78,7 +78,7 @@ func TestExecTapBinary(t *testing.T) {
 	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStarted, CommandID: "b", Encoding: protocol.EncodingBase64}))
 	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStdout, Data: b64(all[:200]), Offset: off(0)}))
 	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStdout, Data: b64(all[100:]), Offset: off(100)})) // replay
-	tap.fromAgent([]byte(`{"offset":0,"data":"` + b64(all[250:]) + `","type":"stderr"}`))                    // decoded in full
+	tap.fromAgent([]byte(`{"offset":0,"data":"` + b64(all[250:]) + `","type":"stderr"}`))                        // decoded in full
 	code := 0
 	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameExit, ExitCode: &code}))
 	st, err := rec.Step(ctx, "s", tap.cmd.Step())
