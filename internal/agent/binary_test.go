@@ -99,7 +99,11 @@ func TestBinarySessionDoesNotHoldPartialSequences(t *testing.T) {
 		w := dial(t, c)
 		w.send(protocol.ExecFrame{Type: protocol.FrameExecute, Command: `printf '\342'; read x`, Encoding: tc.encoding})
 		w.recv() // started
-		ctx, cancel := context.WithTimeout(ctxT(t), 500*time.Millisecond)
+		wait := 500 * time.Millisecond // a text session must hold the byte at least this long
+		if tc.early {
+			wait = 10 * time.Second // the command sleeps forever: any frame came early
+		}
+		ctx, cancel := context.WithTimeout(ctxT(t), wait)
 		f, err := readFrame(ctx, w.c)
 		cancel()
 		if got := err == nil; got != tc.early {

@@ -31,13 +31,15 @@ const (
 	pingInterval       = 20 * time.Second
 	firstFrameTimeout  = 30 * time.Second
 	writeTimeout       = 60 * time.Second
-	maxFrameData       = 32 << 10 // bytes of output per frame
-	maxClientFrame     = 16 << 20 // largest accepted client frame
+	maxFrameData       = 32 << 10  // bytes of output per text frame
+	maxBinaryFrameData = 256 << 10 // per binary frame: 4/3 of it once base64, within MaxAgentFrame
+	maxClientFrame     = 16 << 20  // largest accepted client frame
 )
 
 // MaxAgentFrame is the largest exec frame the daemon accepts from an agent.
-// The agent's output frames carry at most maxFrameData bytes (≤ 6× that
-// once JSON-escaped), so this only stops a hostile agent from making the
+// The agent's output frames carry at most maxFrameData bytes of text (≤ 6×
+// that once JSON-escaped) or maxBinaryFrameData bytes as base64, so this
+// only stops a hostile agent from making the
 // daemon buffer big frames.
 const MaxAgentFrame = 1 << 20
 
@@ -338,7 +340,11 @@ func (s *session) stream(ctx context.Context, c *websocket.Conn, offs [2]int64, 
 		var frames []protocol.ExecFrame
 		s.mu.Lock()
 		for i := range s.out {
-			p, off := s.out[i].from(offs[i], maxFrameData, binary)
+			limit := maxFrameData
+			if binary {
+				limit = maxBinaryFrameData
+			}
+			p, off := s.out[i].from(offs[i], limit, binary)
 			if len(p) > 0 {
 				typ := protocol.FrameStdout
 				if i == streamStderr {
