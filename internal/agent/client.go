@@ -196,16 +196,17 @@ func (c *Client) DialExec(ctx context.Context) (*websocket.Conn, error) {
 }
 
 // Exec runs one command to completion, copying its output to stdout and
-// stderr (either may be nil), and returns its exit code. req.Type is set to
-// execute. An error frame becomes an *ExecError (errors.Is
-// ErrCommandTimeout for timeouts).
+// stderr (either may be nil) byte for byte, and returns its exit code.
+// req.Type is set to execute and req.Encoding to base64. An error frame
+// becomes an *ExecError (errors.Is ErrCommandTimeout for timeouts).
 func (c *Client) Exec(ctx context.Context, req protocol.ExecFrame, stdout, stderr io.Writer) (int, error) {
 	conn, err := c.DialExec(ctx)
 	if err != nil {
 		return -1, err
 	}
 	defer conn.CloseNow()
-	req.Type = protocol.FrameExecute
+	req.Type, req.Encoding = protocol.FrameExecute, protocol.EncodingBase64
+	binary := false // until started says so: an older agent answers text
 	if err := writeFrame(ctx, conn, req); err != nil {
 		return -1, fmt.Errorf("agent: exec: %w", err)
 	}
@@ -224,6 +225,8 @@ func (c *Client) Exec(ctx context.Context, req protocol.ExecFrame, stdout, stder
 		}
 		var w io.Writer
 		switch f.Type {
+		case protocol.FrameStarted:
+			binary = f.Encoding == protocol.EncodingBase64
 		case protocol.FrameStdout:
 			w = stdout
 		case protocol.FrameStderr:
@@ -237,10 +240,15 @@ func (c *Client) Exec(ctx context.Context, req protocol.ExecFrame, stdout, stder
 		case protocol.FrameError:
 			return -1, &ExecError{Type: f.ErrorType, Message: f.Error}
 		}
-		if w != nil {
-			if _, err := io.WriteString(w, f.Data); err != nil {
-				return -1, fmt.Errorf("agent: exec: write output: %w", err)
-			}
+		if w == nil {
+			continue
+		}
+		data, err := protocol.FrameData(f, binary)
+		if err != nil {
+			return -1, fmt.Errorf("agent: exec: %w", err)
+		}
+		if _, err := w.Write(data); err != nil {
+			return -1, fmt.Errorf("agent: exec: write output: %w", err)
 		}
 	}
 }

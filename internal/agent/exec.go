@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,13 +31,15 @@ const (
 	pingInterval       = 20 * time.Second
 	firstFrameTimeout  = 30 * time.Second
 	writeTimeout       = 60 * time.Second
-	maxFrameData       = 32 << 10 // bytes of output per frame
-	maxClientFrame     = 16 << 20 // largest accepted client frame
+	maxFrameData       = 32 << 10  // bytes of output per text frame
+	maxBinaryFrameData = 256 << 10 // per binary frame: 4/3 of it once base64, within MaxAgentFrame
+	maxClientFrame     = 16 << 20  // largest accepted client frame
 )
 
 // MaxAgentFrame is the largest exec frame the daemon accepts from an agent.
-// The agent's output frames carry at most maxFrameData bytes (≤ 6× that
-// once JSON-escaped), so this only stops a hostile agent from making the
+// The agent's output frames carry at most maxFrameData bytes of text (≤ 6×
+// that once JSON-escaped) or maxBinaryFrameData bytes as base64, so this
+// only stops a hostile agent from making the
 // daemon buffer big frames.
 const MaxAgentFrame = 1 << 20
 
@@ -53,7 +56,7 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 
-	sess, offs, err := s.openSession(ctx, c)
+	sess, offs, binary, err := s.openSession(ctx, c)
 	if err != nil {
 		var fe *frameError
 		if !errors.As(err, &fe) {
@@ -65,12 +68,16 @@ func (s *Server) handleExec(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer sess.detach()
-	if err := writeFrame(ctx, c, protocol.ExecFrame{Type: protocol.FrameStarted, CommandID: sess.id, PID: sess.proc.pid}); err != nil {
+	started := protocol.ExecFrame{Type: protocol.FrameStarted, CommandID: sess.id, PID: sess.proc.pid}
+	if binary {
+		started.Encoding = protocol.EncodingBase64
+	}
+	if err := writeFrame(ctx, c, started); err != nil {
 		return
 	}
-	go s.readClient(ctx, cancel, c, sess)
+	go s.readClient(ctx, cancel, c, sess, binary)
 	go keepalive(ctx, cancel, c)
-	if err := sess.stream(ctx, c, offs); err != nil {
+	if err := sess.stream(ctx, c, offs, binary); err != nil {
 		return
 	}
 	c.Close(websocket.StatusNormalClosure, "")
@@ -81,15 +88,20 @@ type frameError struct{ kind, msg string }
 
 func (e *frameError) Error() string { return e.kind + ": " + e.msg }
 
-// openSession reads the first frame and returns the attached session and the
-// stream offsets to replay from.
-func (s *Server) openSession(ctx context.Context, c *websocket.Conn) (*session, [2]int64, error) {
+// openSession reads the first frame and returns the attached session, the
+// stream offsets to replay from and whether the connection is binary-safe
+// (the frame asked for protocol.EncodingBase64).
+func (s *Server) openSession(ctx context.Context, c *websocket.Conn) (*session, [2]int64, bool, error) {
 	var offs [2]int64
 	rctx, cancel := context.WithTimeout(ctx, firstFrameTimeout)
 	defer cancel()
 	f, err := readFrame(rctx, c)
 	if err != nil {
-		return nil, offs, err
+		return nil, offs, false, err
+	}
+	binary := f.Encoding == protocol.EncodingBase64
+	if f.Encoding != "" && !binary {
+		return nil, offs, false, &frameError{protocol.ErrCommandError, fmt.Sprintf("unknown encoding %q (want %q)", f.Encoding, protocol.EncodingBase64)}
 	}
 	var sess *session
 	switch f.Type {
@@ -103,18 +115,18 @@ func (s *Server) openSession(ctx context.Context, c *websocket.Conn) (*session, 
 	}
 	switch {
 	case errors.Is(err, errSessionNotFound):
-		return nil, offs, &frameError{protocol.ErrCommandNotFound, fmt.Sprintf("command %q not found", f.CommandID)}
+		return nil, offs, false, &frameError{protocol.ErrCommandNotFound, fmt.Sprintf("command %q not found", f.CommandID)}
 	case errors.Is(err, errSessionExpired):
-		return nil, offs, &frameError{protocol.ErrSessionExpired, fmt.Sprintf("command %q has expired", f.CommandID)}
+		return nil, offs, false, &frameError{protocol.ErrSessionExpired, fmt.Sprintf("command %q has expired", f.CommandID)}
 	case err != nil:
-		return nil, offs, err
+		return nil, offs, false, err
 	}
 	<-sess.ready
 	if sess.startErr != nil {
-		return nil, offs, &frameError{protocol.ErrCommandError, sess.startErr.Error()}
+		return nil, offs, false, &frameError{protocol.ErrCommandError, sess.startErr.Error()}
 	}
 	sess.attach()
-	return sess, offs, nil
+	return sess, offs, binary, nil
 }
 
 // execute gets or creates the session named by f.CommandID; creating it
@@ -128,6 +140,7 @@ func (s *Server) execute(f protocol.ExecFrame) (*session, error) {
 		return sess, err
 	}
 	sess.killOnDisconnect = f.KillOnDisconnect
+	sess.binary = f.Encoding == protocol.EncodingBase64
 	sess.idle = seconds(f.IdleTimeoutSeconds, defaultIdleTimeout)
 	sess.ttl = seconds(f.TTLSeconds, defaultTTL)
 	sess.limit = seconds(f.TimeoutSeconds, defaultTimeout)
@@ -254,8 +267,10 @@ func (s *Server) commandEnv(vars map[string]string, id identity, pty bool) []str
 }
 
 // readClient applies the client's frames to the session until the
-// connection ends, then cancels the stream.
-func (s *Server) readClient(ctx context.Context, cancel context.CancelFunc, c *websocket.Conn, sess *session) {
+// connection ends, then cancels the stream. On a binary connection input
+// data is base64; input that does not decode is dropped like a malformed
+// frame.
+func (s *Server) readClient(ctx context.Context, cancel context.CancelFunc, c *websocket.Conn, sess *session, binary bool) {
 	defer cancel()
 	for {
 		f, err := readFrame(ctx, c)
@@ -268,7 +283,12 @@ func (s *Server) readClient(ctx context.Context, cancel context.CancelFunc, c *w
 		}
 		switch f.Type {
 		case protocol.FrameInput:
-			sess.writeInput([]byte(f.Data))
+			data, err := protocol.FrameData(f, binary)
+			if err != nil {
+				s.log.Warn("bad input frame", "command_id", sess.id, "err", err)
+				continue
+			}
+			sess.writeInput(data)
 		case protocol.FrameCloseStdin:
 			sess.closeStdin()
 		case protocol.FrameKill:
@@ -303,8 +323,10 @@ func keepalive(ctx context.Context, cancel context.CancelFunc, c *websocket.Conn
 }
 
 // stream sends the session's output from offs until it is done, then the
-// final exit (or CommandTimeout error) frame. All output precedes it.
-func (s *session) stream(ctx context.Context, c *websocket.Conn, offs [2]int64) error {
+// final exit (or CommandTimeout error) frame. All output precedes it. A
+// binary stream sends the window's bytes as they are, base64-encoded; a
+// text one never splits a UTF-8 sequence across frames.
+func (s *session) stream(ctx context.Context, c *websocket.Conn, offs [2]int64, binary bool) error {
 	s.mu.Lock()
 	s.readers[&offs] = struct{}{}
 	s.mu.Unlock()
@@ -318,13 +340,21 @@ func (s *session) stream(ctx context.Context, c *websocket.Conn, offs [2]int64) 
 		var frames []protocol.ExecFrame
 		s.mu.Lock()
 		for i := range s.out {
-			p, off := s.out[i].from(offs[i], maxFrameData)
+			limit := maxFrameData
+			if binary {
+				limit = maxBinaryFrameData
+			}
+			p, off := s.out[i].from(offs[i], limit, binary)
 			if len(p) > 0 {
 				typ := protocol.FrameStdout
 				if i == streamStderr {
 					typ = protocol.FrameStderr
 				}
-				frames = append(frames, protocol.ExecFrame{Type: typ, Data: string(p), Offset: &off})
+				data := string(p)
+				if binary {
+					data = base64.StdEncoding.EncodeToString(p)
+				}
+				frames = append(frames, protocol.ExecFrame{Type: typ, Data: data, Offset: &off})
 				offs[i] = off + int64(len(p))
 			}
 		}

@@ -5,8 +5,9 @@ import "unicode/utf8"
 // outBuf is one output stream of a command: a bounded window of its bytes,
 // addressed by absolute stream offset. Invariants: buf holds bytes
 // [base, base+len(buf)); base only grows; the end of buf is always at a UTF-8
-// boundary unless the stream itself contained invalid bytes, because the
-// producer holds back an incomplete trailing sequence (see completePrefix).
+// boundary in a text session unless the stream itself contained invalid
+// bytes, because the producer holds back an incomplete trailing sequence
+// (see completePrefix); a binary session's buf is bytes as they came.
 type outBuf struct {
 	base int64
 	buf  []byte
@@ -29,14 +30,14 @@ func (b *outBuf) write(p []byte) {
 }
 
 // from returns up to limit bytes starting at off (or at the earliest byte
-// still held, if off is older), cut so no UTF-8 sequence is split, and the
-// offset of the first returned byte. It returns nil when nothing at or after
-// off is available yet.
-func (b *outBuf) from(off int64, limit int) ([]byte, int64) {
+// still held, if off is older), cut so no UTF-8 sequence is split unless
+// raw, and the offset of the first returned byte. It returns nil when
+// nothing at or after off is available yet.
+func (b *outBuf) from(off int64, limit int, raw bool) ([]byte, int64) {
 	if off < b.base {
 		off = b.base
-		// The window may start mid-character; skip to the next boundary.
-		for i := 0; i < utf8.UTFMax && int(off-b.base) < len(b.buf) && !utf8.RuneStart(b.buf[off-b.base]); i++ {
+		// The window may start mid-character; text skips to the next boundary.
+		for i := 0; !raw && i < utf8.UTFMax && int(off-b.base) < len(b.buf) && !utf8.RuneStart(b.buf[off-b.base]); i++ {
 			off++
 		}
 	}
@@ -46,7 +47,7 @@ func (b *outBuf) from(off int64, limit int) ([]byte, int64) {
 	p := b.buf[off-b.base:]
 	if len(p) > limit {
 		p = p[:limit]
-		if n := completePrefix(p); n > 0 {
+		if n := completePrefix(p); n > 0 && !raw {
 			p = p[:n]
 		}
 	}

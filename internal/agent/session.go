@@ -35,6 +35,7 @@ type session struct {
 	id               string
 	proc             *proc
 	killOnDisconnect bool
+	binary           bool          // started by a binary-safe client: output is bytes, not text
 	limit            time.Duration // run-time limit (timeout_seconds); <= 0: none
 	idle             time.Duration // < 0: never kill for lack of clients
 	ttl              time.Duration // < 0: keep the finished session forever
@@ -189,9 +190,10 @@ func (s *session) waitForRoomLocked(i, n int) {
 	}
 }
 
-// pump copies one output stream into its window, never splitting a UTF-8
-// sequence: an incomplete trailing sequence waits for its remaining bytes
-// (or EOF).
+// pump copies one output stream into its window. A text session's pump
+// never splits a UTF-8 sequence: an incomplete trailing sequence waits for
+// its remaining bytes (or EOF). A binary session's takes every byte as it
+// comes, so output that is not text is never held back.
 //
 // Once drain sets a read deadline, the pump reads only what the pipe
 // already holds and then stops, as at EOF.
@@ -210,7 +212,10 @@ func (s *session) pump(i int, f *os.File) {
 			}
 		}
 		n += held
-		cut := completePrefix(buf[:n])
+		cut := n
+		if !s.binary {
+			cut = completePrefix(buf[:n])
+		}
 		if err != nil {
 			cut = n // EOF or error: flush whatever is held
 		}

@@ -55,10 +55,13 @@ func ownEnvKeys(f *protocol.ExecFrame) []string {
 }
 
 // execTap watches the frames of one relayed exec stream for its command's
-// record. A nil *execTap watches nothing.
+// record. A nil *execTap watches nothing. binary follows the agent's
+// started frame: output data is base64 on a connection it made binary-safe
+// (protocol.EncodingBase64), text otherwise.
 type execTap struct {
-	ctx context.Context // detached: the record outlives the stream
-	cmd *record.Command
+	ctx    context.Context // detached: the record outlives the stream
+	cmd    *record.Command
+	binary bool
 }
 
 // tapExec opens (execute) or resumes (reconnect, or an execute naming an
@@ -99,6 +102,7 @@ type tapFrame struct {
 	Offset    *int64 `json:"offset"`
 	ExitCode  *int   `json:"exit_code"`
 	ErrorType string `json:"error_type"`
+	Encoding  string `json:"encoding"`
 }
 
 // fromAgent sees one frame on its way from the agent to the client.
@@ -108,7 +112,7 @@ func (t *execTap) fromAgent(b []byte) {
 		return
 	}
 	if stream, lit, off, ok := outputFrame(b); ok {
-		t.cmd.OutputLiteral(stream, off, lit)
+		t.cmd.OutputLiteral(stream, off, lit, t.binary)
 		return
 	}
 	var f tapFrame
@@ -116,12 +120,18 @@ func (t *execTap) fromAgent(b []byte) {
 		return
 	}
 	switch f.Type {
+	case protocol.FrameStarted:
+		t.binary = f.Encoding == protocol.EncodingBase64
 	case protocol.FrameStdout, protocol.FrameStderr:
 		off := int64(-1)
 		if f.Offset != nil {
 			off = *f.Offset
 		}
-		t.cmd.Output(f.Type, off, []byte(f.Data))
+		data, err := protocol.FrameData(protocol.ExecFrame{Type: f.Type, Data: f.Data}, t.binary)
+		if err != nil {
+			return // the client is told the same: nothing to record
+		}
+		t.cmd.Output(f.Type, off, data)
 	case protocol.FrameExit:
 		t.cmd.Exited(t.ctx, f.ExitCode, "")
 	case protocol.FrameError:

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"strconv"
 	"strings"
@@ -57,6 +58,35 @@ func TestExecTap(t *testing.T) {
 	st, _ = rec.Step(ctx, "s", expired.cmd.Step())
 	if len(st.Events) != 2 || !strings.Contains(string(st.Events[1].Data), `"lost":"SessionExpired"`) || rec.OpenCommand("s", "e") != nil {
 		t.Fatalf("expired step %+v", st.Events)
+	}
+}
+
+// TestExecTapBinary: on a connection the agent made binary-safe, output
+// data is base64 and the record keeps the exact bytes, whichever path
+// (undecoded split or full decode) a frame takes.
+func TestExecTapBinary(t *testing.T) {
+	_, rec := newRecordAPI(t)
+	ctx := context.Background()
+	frame := func(f protocol.ExecFrame) []byte { b, _ := json.Marshal(f); return b }
+	off := func(n int64) *int64 { return &n }
+	all := make([]byte, 256)
+	for i := range all {
+		all[i] = byte(i)
+	}
+	b64 := base64.StdEncoding.EncodeToString
+	tap := &execTap{ctx: ctx, cmd: rec.StartCommand(ctx, record.CommandStart{SandboxID: "s", CommandID: "b", Command: "cat"})}
+	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStarted, CommandID: "b", Encoding: protocol.EncodingBase64}))
+	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStdout, Data: b64(all[:200]), Offset: off(0)}))
+	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameStdout, Data: b64(all[100:]), Offset: off(100)})) // replay
+	tap.fromAgent([]byte(`{"offset":0,"data":"` + b64(all[250:]) + `","type":"stderr"}`))                        // decoded in full
+	code := 0
+	tap.fromAgent(frame(protocol.ExecFrame{Type: protocol.FrameExit, ExitCode: &code}))
+	st, err := rec.Step(ctx, "s", tap.cmd.Step())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Stdout == nil || st.Stdout.Head != string(all) || st.Stderr == nil || st.Stderr.Head != string(all[250:]) {
+		t.Fatalf("stdout %+v stderr %+v, want the exact bytes", st.Stdout, st.Stderr)
 	}
 }
 

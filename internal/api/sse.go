@@ -95,6 +95,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*
 		writeError(ctx, w, err)
 		return
 	}
+	f.Encoding = protocol.EncodingBase64 // events carry the exact bytes
 	up, err := dp.Agent.DialExec(ctx)
 	if err != nil {
 		writeError(ctx, w, fmt.Errorf("sandbox agent unreachable: %v: %w", err, errdefs.ErrUnavailable))
@@ -131,7 +132,7 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*
 	}()
 	ev := &sseWriter{w: w, rc: http.NewResponseController(w)}
 	offsets := map[string]int64{protocol.FrameStdout: stdoutOff, protocol.FrameStderr: stderrOff}
-	sent := 0
+	sent, binary := 0, false
 	heartbeat := time.NewTicker(sseHeartbeat)
 	defer heartbeat.Stop()
 	for {
@@ -147,15 +148,21 @@ func (s *Server) execStream(w http.ResponseWriter, r *http.Request, first func(*
 			}
 			switch fr.Type {
 			case protocol.FrameStarted:
+				binary = fr.Encoding == protocol.EncodingBase64
 				ev.send(protocol.SSEStarted, map[string]any{"command_id": fr.CommandID, "pid": fr.PID})
 			case protocol.FrameStdout, protocol.FrameStderr:
 				off := offsets[fr.Type]
 				if fr.Offset != nil {
 					off = *fr.Offset
 				}
-				ev.send(fr.Type, protocol.StreamChunk{Offset: off, Data: base64.StdEncoding.EncodeToString([]byte(fr.Data))})
-				offsets[fr.Type] = off + int64(len(fr.Data))
-				if sent += len(fr.Data); sent >= sseWindow {
+				data, err := protocol.FrameData(fr, binary)
+				if err != nil {
+					ev.send(protocol.SSEError, map[string]any{"error_type": protocol.ErrCommandError, "error": "sandbox agent: " + err.Error()})
+					return
+				}
+				ev.send(fr.Type, protocol.StreamChunk{Offset: off, Data: base64.StdEncoding.EncodeToString(data)})
+				offsets[fr.Type] = off + int64(len(data))
+				if sent += len(data); sent >= sseWindow {
 					ev.send(protocol.SSEAckRequired, protocol.AckRequired{StdoutOffset: offsets[protocol.FrameStdout], StderrOffset: offsets[protocol.FrameStderr]})
 					up.Close(websocket.StatusNormalClosure, "")
 					return

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"io"
+	"net/http"
 	"os"
 	"path"
 	"path/filepath"
@@ -16,15 +17,22 @@ import (
 	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 )
 
-// newCpCmd is `cubicle cp`: copy one file into or out of a sandbox.
+// newCpCmd is `cubicle cp`: copy a file or a directory tree into or out
+// of a sandbox.
 func newCpCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "cp SRC DST",
-		Short: "Copy a file between the local machine and a sandbox",
-		Long: "Copy one file into or out of a sandbox. Exactly one side is NAME:/absolute/path;\n" +
+		Short: "Copy files or directories between the local machine and a sandbox",
+		Long: "Copy a file or a directory into or out of a sandbox. Exactly one side is NAME:/absolute/path;\n" +
 			"a local side of - means stdin or stdout. A destination ending in / (remote) or an\n" +
-			"existing directory (local) receives the file under its source's base name.",
+			"existing directory (local) receives the file under its source's base name.\n\n" +
+			"Directories copy recursively, like docker cp: into DST/<base of SRC> when DST is an\n" +
+			"existing directory, else as DST. Permission bits are kept and symlinks stay symlinks;\n" +
+			"owners are not copied, and devices, FIFOs and sockets are refused. Directory copies\n" +
+			"stream a tar through `cubicle exec`, so the sandbox's image needs tar.",
 		Example: "  cubicle cp ./data.csv box:/work/\n" +
+			"  cubicle cp ./src box:/work/          # -> /work/src\n" +
+			"  cubicle cp box:/work/out ./results   # a directory, recursively\n" +
 			"  cubicle cp box:/work/out.json -\n" +
 			"  tar cz src | cubicle cp - box:/tmp/src.tgz",
 		Args: cobra.ExactArgs(2),
@@ -90,7 +98,7 @@ func cpUpload(cmd *cobra.Command, c *cubicle.Client, local string, dst cpArg) er
 		if fi, err := f.Stat(); err != nil {
 			return err
 		} else if fi.IsDir() {
-			return fmt.Errorf("%s is a directory: cp copies single files (pipe a tar through `cp - NAME:/x.tar`)", local)
+			return cpDirUpload(cmd.Context(), c, local, dst)
 		}
 		r = f
 	}
@@ -105,6 +113,9 @@ func cpUpload(cmd *cobra.Command, c *cubicle.Client, local string, dst cpArg) er
 
 func cpDownload(cmd *cobra.Command, c *cubicle.Client, src cpArg, local string) error {
 	rc, err := c.ReadFile(cmd.Context(), src.sandbox, src.path)
+	if isDirError(err) && local != "-" {
+		return cpDirDownload(cmd.Context(), c, src, local)
+	}
 	if err != nil {
 		return err
 	}
@@ -117,6 +128,13 @@ func cpDownload(cmd *cobra.Command, c *cubicle.Client, src cpArg, local string) 
 		local = filepath.Join(local, path.Base(src.path))
 	}
 	return writeFileAtomic(cmd.Context(), local, rc)
+}
+
+// isDirError reports whether err is the download API refusing a
+// directory (400 "... is a directory").
+func isDirError(err error) bool {
+	var ae *cubicle.APIError
+	return errors.As(err, &ae) && ae.Status == http.StatusBadRequest && strings.HasSuffix(ae.Message, "is a directory")
 }
 
 // writeFileAtomic writes r to dst through a staging file, so a failed or

@@ -2,6 +2,7 @@ package record
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 )
 
@@ -13,11 +14,12 @@ import (
 // half bytes, their decoded lengths known from the next chunk's offset —
 // until the command ends.
 
-// chunk is output at stream offset off: a JSON string literal (lit), or
-// bytes already decoded (data).
+// chunk is output at stream offset off: a JSON string literal (lit) of
+// text, or of base64 when b64, or bytes already decoded (data).
 type chunk struct {
 	off  int64
 	lit  []byte
+	b64  bool
 	data []byte
 }
 
@@ -27,11 +29,24 @@ func (k chunk) bytes() []byte {
 	if k.lit == nil {
 		return k.data
 	}
-	if len(k.lit) >= 2 && bytes.IndexByte(k.lit, '\\') < 0 {
-		return k.lit[1 : len(k.lit)-1] // no escapes: the literal is the text
+	text := literalText(k.lit)
+	if !k.b64 || text == nil {
+		return text
+	}
+	b, err := base64.StdEncoding.AppendDecode(nil, text)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// literalText is what JSON string literal lit holds, nil if it is none.
+func literalText(lit []byte) []byte {
+	if len(lit) >= 2 && bytes.IndexByte(lit, '\\') < 0 {
+		return lit[1 : len(lit)-1] // no escapes: the literal is the text
 	}
 	var s string
-	if json.Unmarshal(k.lit, &s) != nil {
+	if json.Unmarshal(lit, &s) != nil {
 		return nil
 	}
 	return []byte(s)

@@ -152,13 +152,14 @@ func (c *Command) Output(stream string, off int64, p []byte) {
 }
 
 // OutputLiteral is Output of a JSON string literal, as an exec frame
-// carries it, decoded only if it is kept (chunks.go). lit must not change
-// afterwards.
-func (c *Command) OutputLiteral(stream string, off int64, lit []byte) {
+// carries it, decoded only if it is kept (chunks.go): the literal is the
+// text, or with b64 the base64 of the bytes (a binary-safe connection).
+// lit must not change afterwards.
+func (c *Command) OutputLiteral(stream string, off int64, lit []byte, b64 bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.ended {
-		c.stream(stream).add(chunk{off: off, lit: lit})
+		c.stream(stream).add(chunk{off: off, lit: lit, b64: b64})
 	}
 }
 

@@ -2,6 +2,7 @@ package cubicle
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,9 +36,13 @@ type ExecRequest struct {
 	// Stdin, when non-nil, is forwarded as input frames; its EOF half-closes
 	// the command's stdin (except under a PTY, where the command sees EOF
 	// when the input carries ^D). When nil the command starts with a closed
-	// stdin. Input travels as JSON strings, so it must be UTF-8 text:
-	// invalid bytes arrive as U+FFFD. Exec does not wait for a Read on Stdin
-	// that blocks past the command's exit.
+	// stdin. Exec does not wait for a Read on Stdin that blocks past the
+	// command's exit.
+	//
+	// Stdin, Stdout and Stderr carry bytes exactly: Exec asks for the
+	// protocol's base64 extension (protocol.EncodingBase64), which Cubicle
+	// servers answer. A server that does not (text frames) needs UTF-8
+	// text: invalid bytes arrive as U+FFFD.
 	Stdin io.Reader
 	// Stdout and Stderr receive the command's output, each exactly once and
 	// in order even across reconnects. Nil discards. Under a PTY all output
@@ -115,9 +120,10 @@ type execSession struct {
 	acked          bool // some connection has answered "started"
 	pumpsStarted   bool
 
-	mu     sync.Mutex
-	conn   *websocket.Conn
-	connCh chan struct{} // closed and replaced whenever conn is set
+	mu         sync.Mutex
+	conn       *websocket.Conn
+	connBinary bool          // conn agreed to base64 data
+	connCh     chan struct{} // closed and replaced whenever conn is set
 }
 
 // errRetry wraps a failure after which a new connection may succeed.
@@ -185,6 +191,7 @@ func (s *execSession) attempt(ctx, pumpCtx context.Context) (code int, progresse
 		return -1, false, &errRetry{err: fmt.Errorf("send %s: %w", s.firstFrame().Type, err)}
 	}
 	readCtx := context.WithoutCancel(ctx)
+	binary := false // until this connection's started says otherwise
 	for {
 		_, msg, err := conn.Read(readCtx)
 		if err != nil {
@@ -201,11 +208,12 @@ func (s *execSession) attempt(ctx, pumpCtx context.Context) (code int, progresse
 			}
 			progressed = true
 			s.acked = true
-			s.setConn(conn)
+			binary = f.Encoding == protocol.EncodingBase64
+			s.setConn(conn, binary)
 			s.startPumps(pumpCtx)
 		case protocol.FrameStdout, protocol.FrameStderr:
 			progressed = true
-			if err := s.deliver(f); err != nil {
+			if err := s.deliver(f, binary); err != nil {
 				s.kill(conn)
 				return -1, progressed, err
 			}
@@ -267,7 +275,8 @@ func dropError(err error) error {
 }
 
 // firstFrame is execute for a command the server has not acknowledged yet,
-// and reconnect with the delivered offsets afterwards.
+// and reconnect with the delivered offsets afterwards. Both ask for the
+// binary-safe encoding.
 func (s *execSession) firstFrame() protocol.ExecFrame {
 	if s.acked {
 		return protocol.ExecFrame{
@@ -275,6 +284,7 @@ func (s *execSession) firstFrame() protocol.ExecFrame {
 			CommandID:    s.id,
 			StdoutOffset: s.outOff,
 			StderrOffset: s.errOff,
+			Encoding:     protocol.EncodingBase64,
 		}
 	}
 	r := s.req
@@ -290,6 +300,7 @@ func (s *execSession) firstFrame() protocol.ExecFrame {
 		PTY:        r.PTY,
 		Rows:       r.Rows,
 		Cols:       r.Cols,
+		Encoding:   protocol.EncodingBase64,
 	}
 	switch {
 	case r.Timeout > 0:
@@ -304,13 +315,17 @@ func (s *execSession) firstFrame() protocol.ExecFrame {
 
 // deliver writes the part of an output frame not yet delivered. A frame
 // starting past the delivered offset means the server's buffer no longer
-// held the gap; the stream continues from the frame.
-func (s *execSession) deliver(f protocol.ExecFrame) error {
+// held the gap; the stream continues from the frame. binary says the
+// connection's data is base64.
+func (s *execSession) deliver(f protocol.ExecFrame, binary bool) error {
 	w, off := s.req.Stdout, &s.outOff
 	if f.Type == protocol.FrameStderr {
 		w, off = s.req.Stderr, &s.errOff
 	}
-	data := []byte(f.Data)
+	data, err := protocol.FrameData(f, binary)
+	if err != nil {
+		return fmt.Errorf("bad frame from server: %w", err)
+	}
 	var start int64
 	if f.Offset != nil {
 		start = *f.Offset
@@ -340,10 +355,10 @@ func (s *execSession) kill(conn *websocket.Conn) {
 	_ = conn.CloseNow()
 }
 
-func (s *execSession) setConn(conn *websocket.Conn) {
+func (s *execSession) setConn(conn *websocket.Conn, binary bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.conn = conn
+	s.conn, s.connBinary = conn, binary
 	close(s.connCh)
 	s.connCh = make(chan struct{})
 }
@@ -357,15 +372,22 @@ func (s *execSession) clearConn(conn *websocket.Conn) {
 }
 
 // send writes f on the current acknowledged connection, waiting across
-// reconnects. A frame whose write failed is sent again on the next
+// reconnects. An input frame carries input, encoded as that connection
+// agreed. A frame whose write failed is sent again on the next
 // connection, so input may in rare cases arrive twice; the protocol has no
 // offsets for input.
-func (s *execSession) send(ctx context.Context, f protocol.ExecFrame) error {
+func (s *execSession) send(ctx context.Context, f protocol.ExecFrame, input []byte) error {
 	for {
 		s.mu.Lock()
-		conn, ch := s.conn, s.connCh
+		conn, binary, ch := s.conn, s.connBinary, s.connCh
 		s.mu.Unlock()
 		if conn != nil {
+			if f.Type == protocol.FrameInput {
+				f.Data = string(input)
+				if binary {
+					f.Data = base64.StdEncoding.EncodeToString(input)
+				}
+			}
 			if err := writeFrame(ctx, conn, f); err == nil {
 				return nil
 			}
@@ -400,20 +422,28 @@ func (s *execSession) startPumps(ctx context.Context) {
 					if !ok {
 						return
 					}
-					_ = s.send(ctx, protocol.ExecFrame{Type: protocol.FrameResize, Rows: ws.Rows, Cols: ws.Cols})
+					_ = s.send(ctx, protocol.ExecFrame{Type: protocol.FrameResize, Rows: ws.Rows, Cols: ws.Cols}, nil)
 				}
 			}
 		}()
 	}
 }
 
-// pumpStdin forwards Stdin as input frames, never splitting a UTF-8
-// sequence across two frames, then half-closes stdin at EOF (not under a
-// PTY, where the protocol ignores close_stdin).
+// pumpStdin forwards Stdin as input frames, then half-closes stdin at EOF
+// (not under a PTY, where the protocol ignores close_stdin). Over text
+// frames it never splits a UTF-8 sequence across two frames.
 func (s *execSession) pumpStdin(ctx context.Context) {
-	// Small frames: JSON escaping can grow data up to 6x, and servers built
-	// on coder/websocket refuse messages over 32 KiB by default.
-	buf := make([]byte, 4<<10)
+	s.mu.Lock()
+	binary := s.connBinary
+	s.mu.Unlock()
+	// Small text frames: JSON escaping can grow data up to 6x, and servers
+	// built on coder/websocket refuse messages over 32 KiB by default. A
+	// server that agreed to base64 is Cubicle, which takes bigger ones.
+	size := 4 << 10
+	if binary {
+		size = binaryInputChunk
+	}
+	buf := make([]byte, size)
 	var pending []byte
 	for {
 		n, err := s.req.Stdin.Read(buf)
@@ -422,24 +452,26 @@ func (s *execSession) pumpStdin(ctx context.Context) {
 		}
 		pending = append(pending, buf[:n]...)
 		cut := len(pending)
-		if err == nil {
+		if err == nil && !binary {
 			cut = utf8Boundary(pending)
 		}
 		if cut > 0 {
-			f := protocol.ExecFrame{Type: protocol.FrameInput, Data: string(pending[:cut])}
-			if s.send(ctx, f) != nil {
+			if s.send(ctx, protocol.ExecFrame{Type: protocol.FrameInput}, pending[:cut]) != nil {
 				return
 			}
 			pending = append(pending[:0], pending[cut:]...)
 		}
 		if err != nil {
 			if !s.req.PTY {
-				_ = s.send(ctx, protocol.ExecFrame{Type: protocol.FrameCloseStdin})
+				_ = s.send(ctx, protocol.ExecFrame{Type: protocol.FrameCloseStdin}, nil)
 			}
 			return
 		}
 	}
 }
+
+// binaryInputChunk is the most stdin one binary input frame carries.
+const binaryInputChunk = 64 << 10
 
 // utf8Boundary returns the length of b without a trailing incomplete UTF-8
 // sequence (at most 3 bytes are held back).

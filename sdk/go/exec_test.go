@@ -1,7 +1,9 @@
 package cubicle
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"strings"
 	"sync"
@@ -209,5 +211,61 @@ func TestUTF8Boundary(t *testing.T) {
 		if got := utf8Boundary(tc.in); got != tc.want {
 			t.Errorf("utf8Boundary(%x) = %d, want %d", tc.in, got, tc.want)
 		}
+	}
+}
+
+// TestExecBinaryNegotiated: Exec asks for base64 on execute and reconnect;
+// once the server agrees, input and output are exact bytes (servers that
+// do not agree get text frames: the other tests).
+func TestExecBinaryNegotiated(t *testing.T) {
+	all := make([]byte, 256)
+	for i := range all {
+		all[i] = byte(i)
+	}
+	input := bytes.Repeat(all, 1000) // several input frames
+	b64 := base64.StdEncoding.EncodeToString
+	d := newFakeDaemon(t)
+	d.handleExec(func(ctx context.Context, conn *websocket.Conn, attempt int) {
+		conn.SetReadLimit(1 << 20) // as Cubicle's daemon: binary input frames exceed the library's 32 KiB
+		f := readFrame(t, ctx, conn)
+		if f.Encoding != protocol.EncodingBase64 {
+			t.Errorf("attempt %d: %s frame without encoding base64", attempt, f.Type)
+		}
+		st := started(f.CommandID)
+		st.Encoding = protocol.EncodingBase64
+		sendFrames(t, ctx, conn, st)
+		if attempt > 0 {
+			if f.Type != protocol.FrameReconnect || f.StdoutOffset != 0xc3 {
+				t.Errorf("attempt %d: %s at offset %d, want reconnect at 0xc3", attempt, f.Type, f.StdoutOffset)
+			}
+			sendFrames(t, ctx, conn, out("stdout", b64(input[f.StdoutOffset:]), f.StdoutOffset), exit(0))
+			conn.Close(websocket.StatusNormalClosure, "")
+			return
+		}
+		var in []byte
+		for {
+			f := readFrame(t, ctx, conn)
+			if f.Type != protocol.FrameInput {
+				break
+			}
+			b, err := base64.StdEncoding.DecodeString(f.Data)
+			if err != nil {
+				t.Errorf("input frame: %v", err)
+			}
+			in = append(in, b...)
+		}
+		if !bytes.Equal(in, input) {
+			t.Errorf("server got %d input bytes, want the %d sent", len(in), len(input))
+		}
+		sendFrames(t, ctx, conn, out("stdout", b64(input[:0xc3]), 0)) // then drop: a reconnect resumes at 0xc3
+		conn.CloseNow()
+	})
+	var got bytes.Buffer
+	code, err := d.client().Exec(t.Context(), "box", ExecRequest{Command: "cat", Stdin: bytes.NewReader(input), Stdout: &got})
+	if err != nil || code != 0 {
+		t.Fatalf("Exec = %d, %v", code, err)
+	}
+	if !bytes.Equal(got.Bytes(), input) {
+		t.Errorf("got %d output bytes, want the exact %d", got.Len(), len(input))
 	}
 }

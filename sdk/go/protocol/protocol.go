@@ -5,7 +5,9 @@
 package protocol
 
 import (
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -377,6 +379,9 @@ const (
 	ErrCommandError    = "CommandError"
 )
 
+// EncodingBase64 is the one ExecFrame.Encoding there is.
+const EncodingBase64 = "base64"
+
 // ExecFrame is one JSON text frame of the WebSocket exec protocol, in either
 // direction. Only the fields meaningful for Type are set.
 type ExecFrame struct {
@@ -399,6 +404,14 @@ type ExecFrame struct {
 
 	// execute, reconnect, started
 	CommandID string `json:"command_id,omitempty"`
+	// execute, reconnect, started: Encoding is a Cubicle extension that
+	// makes a connection binary-safe. A client sends EncodingBase64 on its
+	// first frame; a server that supports it answers the same value on
+	// started, and from then on the connection's stdout, stderr and input
+	// frames carry Data as standard base64 of the exact bytes (offsets stay
+	// byte offsets). Without that answer — the official clients never ask —
+	// Data is UTF-8 text, as the protocol specifies.
+	Encoding string `json:"encoding,omitempty"`
 	// reconnect
 	StdoutOffset int64 `json:"stdout_offset,omitempty"`
 	StderrOffset int64 `json:"stderr_offset,omitempty"`
@@ -414,6 +427,19 @@ type ExecFrame struct {
 	// error
 	ErrorType string `json:"error_type,omitempty"`
 	Error     string `json:"error,omitempty"`
+}
+
+// FrameData returns the bytes an input or output frame carries: its Data
+// as text, or decoded from base64 on a binary connection.
+func FrameData(f ExecFrame, binary bool) ([]byte, error) {
+	if !binary {
+		return []byte(f.Data), nil
+	}
+	b, err := base64.StdEncoding.DecodeString(f.Data)
+	if err != nil {
+		return nil, fmt.Errorf("%s frame: data is not base64: %w", f.Type, err)
+	}
+	return b, nil
 }
 
 // ErrorDetail is the structured error body (spec §2 form 1).
