@@ -188,8 +188,8 @@ func (w *Watcher) CommandEnded(ctx context.Context, sandboxID, workspaceID strin
 	w.enqueue(sandboxID, job{kind: jobScan, ctx: context.WithoutCancel(ctx), ws: workspaceID, step: step}, false)
 }
 
-// Lifecycle queues a step-0 scan at stop and capture, and forgets the
-// index at reset (the upper is emptied) and deletion.
+// Lifecycle queues a step-0 scan at stop, capture and a file upload, and
+// forgets the index at reset (the upper is emptied) and deletion.
 func (w *Watcher) Lifecycle(ctx context.Context, e record.Event) {
 	ctx = context.WithoutCancel(ctx)
 	switch e.Type {
@@ -198,6 +198,11 @@ func (w *Watcher) Lifecycle(ctx context.Context, e record.Event) {
 			return // the upper is about to be emptied: reset drops the index
 		}
 		w.enqueue(e.SandboxID, job{kind: jobScan, ctx: ctx, ws: e.WorkspaceID, at: e.Type}, false)
+	case protocol.EventFileUploaded:
+		// A step-0 scan right away, so what the upload wrote is known (and
+		// reported as the upload's), not folded into the next command's
+		// changes, where a command deleting it would leave no trace.
+		w.enqueue(e.SandboxID, job{kind: jobScan, ctx: ctx, ws: e.WorkspaceID, at: "uploaded"}, false)
 	case protocol.EventReset, protocol.EventDeleted:
 		w.enqueue(e.SandboxID, job{kind: jobDrop, ctx: ctx, gone: e.Type == protocol.EventDeleted}, false)
 	}

@@ -190,7 +190,8 @@ type FileWatcher interface {
 	CommandStarting(ctx context.Context, sandboxID string)
 	// CommandEnded is called once the end of command step is recorded.
 	CommandEnded(ctx context.Context, sandboxID, workspaceID string, step int64)
-	// Lifecycle is called once lifecycle event e is recorded.
+	// Lifecycle is called once lifecycle event e is recorded, and once
+	// a file API upload is (what it wrote is not a command's doing).
 	Lifecycle(ctx context.Context, e Event)
 }
 
@@ -216,7 +217,7 @@ func (r *Recorder) Record(ctx context.Context, e Event) {
 		r.forgetNetwork(e.SandboxID)
 	}
 	r.record(ctx, e)
-	if w := r.fileWatcher(); w != nil && e.Kind == protocol.KindLifecycle {
+	if w := r.fileWatcher(); w != nil && (e.Kind == protocol.KindLifecycle || e.Type == protocol.EventFileUploaded) {
 		w.Lifecycle(ctx, e)
 	}
 }

@@ -228,8 +228,9 @@ const (
 	btrfsIocWaitSync     = 0x40089416 // _IOW(0x94, 22, __u64)
 	btrfsIocStartSync    = 0x80089418 // _IOR(0x94, 24, __u64)
 
-	btrfsInodeItemKey = 1
-	btrfsInodeRefKey  = 12
+	btrfsInodeItemKey  = 1
+	btrfsInodeRefKey   = 12
+	btrfsExtentDataKey = 108 // a file's data extent; generation at offset 0
 	// btrfsInodeItemSize is sizeof(struct btrfs_inode_item); transid is
 	// at offset 8, mode at 52.
 	btrfsInodeItemSize = 160
@@ -254,11 +255,18 @@ type btrfsSearchArgsV2 struct {
 	buf     [searchBufSize]byte
 }
 
-// btrfsCommit commits the filesystem's running transaction (if any) and
-// returns the id of the last committed one: afterwards every inode item of
-// the subvolume fd is in, changed up to then, carries a transid at most
-// that. Data is not written back: the tracker needs metadata only.
+// btrfsCommit writes dirty data back, commits the filesystem's running
+// transaction (if any) and returns the id of the last committed one:
+// afterwards every inode item and data extent of the subvolume fd is in,
+// changed up to then, carries a transid at most that. The writeback costs
+// what is dirty (nothing for a command that wrote nothing).
 func btrfsCommit(fd int) (uint64, error) {
+	// Written data still in the page cache (an append, an overwrite in
+	// place) reaches the tree only at writeback, which a transaction
+	// commit does not force: syncfs writes it back first.
+	if err := unix.Syncfs(fd); err != nil {
+		return 0, fmt.Errorf("sync btrfs before a commit: %w", err)
+	}
 	var transid uint64
 	if err := ioctl(fd, btrfsIocStartSync, unsafe.Pointer(&transid)); err != nil {
 		return 0, fmt.Errorf("start btrfs commit: %w", err)
@@ -322,8 +330,20 @@ func btrfsChangedInodes(fd int, after, upto uint64) ([]changedInode, error) {
 					continue
 				}
 				if t := le64(item[8:]); t > after && t <= upto {
+					if _, seen := byIno[objectid]; !seen {
+						order = append(order, objectid)
+					}
 					byIno[objectid] = &changedInode{ino: objectid, mode: le32(item[52:])}
-					order = append(order, objectid)
+				}
+			case btrfsExtentDataKey:
+				// Data written into an existing file (an append, an
+				// overwrite) gives it a new extent without always
+				// moving its inode item's transid.
+				if _, seen := byIno[objectid]; !seen && n >= 8 {
+					if g := le64(item); g > after && g <= upto {
+						byIno[objectid] = &changedInode{ino: objectid, mode: unix.S_IFREG}
+						order = append(order, objectid)
+					}
 				}
 			case btrfsInodeRefKey:
 				// A list of {index u64, name_len u16, name}.

@@ -141,6 +141,16 @@ func testTracker(t *testing.T, c *CoW) {
 		t.Fatal(err)
 	}
 	scanWant(t, tr, map[string]string{"/etc/keep": Added})
+
+	// An append to a file the index holds (`echo >> f`) is a modification:
+	// on btrfs it may give the file a new extent without moving its inode
+	// item's transid.
+	f, err := os.OpenFile(rootfs+"/etc/keep", os.O_APPEND|os.O_WRONLY, 0)
+	must(t, err)
+	_, err = f.WriteString(" and more\n")
+	must(t, err)
+	must(t, f.Close())
+	scanWant(t, tr, map[string]string{"/etc/keep": Modified})
 }
 
 // TestTrackerManyFiles checks a scan of 10,000 new files stays under the
