@@ -98,7 +98,7 @@ func TestBinarySessionDoesNotHoldPartialSequences(t *testing.T) {
 	}{{protocol.EncodingBase64, true}, {"", false}} {
 		w := dial(t, c)
 		w.send(protocol.ExecFrame{Type: protocol.FrameExecute, Command: `printf '\342'; read x`, Encoding: tc.encoding})
-		w.recv() // started
+		w.recv()                       // started
 		wait := 500 * time.Millisecond // a text session must hold the byte at least this long
 		if tc.early {
 			wait = 10 * time.Second // the command sleeps forever: any frame came early

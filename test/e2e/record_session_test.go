@@ -138,7 +138,9 @@ func TestAuditAgentSession(t *testing.T) {
 			t.Errorf("the edit step (%d)'s file events do not name %s; file events:\n%s", edit, path, strings.Join(fe, "\n"))
 		}
 	}
-	if !hasEvent(all, func(ev protocol.AuditEvent) bool { return ev.Type == protocol.EventFileUploaded && strings.Contains(string(ev.Data), "/work/notes.txt") }) {
+	if !hasEvent(all, func(ev protocol.AuditEvent) bool {
+		return ev.Type == protocol.EventFileUploaded && strings.Contains(string(ev.Data), "/work/notes.txt")
+	}) {
 		t.Error("the client's file write is not a file.uploaded event")
 	}
 	install := stepOfCmd("mkdir -p /var/lib/dpkg")
