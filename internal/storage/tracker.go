@@ -64,7 +64,7 @@ type Tracker struct {
 	// vol is the btrfs subvolume holding upper ("" when it is not one)
 	// and prefix the upper's path inside it with a trailing slash.
 	vol, prefix string
-	gen         uint64 // last transaction the index reflects (btrfs)
+	gen         uint64 // last transaction scanned (btrfs; 0 before the first scan)
 	root        *node
 	nodes       int
 	limit       int  // index size bound (maxTrackedPaths)
@@ -88,14 +88,11 @@ func (n *node) dir() bool { return n.mode&unix.S_IFMT == unix.S_IFDIR }
 func NewTracker(ctx context.Context, upper string, lowers []string) (*Tracker, error) {
 	t := &Tracker{upper: upper, lowers: lowers, limit: maxTrackedPaths, root: &node{mode: unix.S_IFDIR, kids: map[string]*node{}}}
 	if vol := filepath.Dir(upper); isSubvolume(vol) {
+		// No commit here (it would cost a sandbox's first command a
+		// transaction commit): with gen 0 the first scan considers every
+		// inode of the subvolume, and compares each against the index,
+		// so what the index already holds unchanged is not reported.
 		t.vol, t.prefix = vol, filepath.Base(upper)+"/"
-		err := t.withVol(func(fd int) (err error) {
-			t.gen, err = btrfsCommit(fd)
-			return err
-		})
-		if err != nil {
-			return nil, fmt.Errorf("track %s: %w", upper, err)
-		}
 	}
 	tree, err := sandboxfs.OpenTree(upper)
 	if err != nil {
