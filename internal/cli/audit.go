@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -12,6 +13,7 @@ import (
 	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 )
 
 // newAuditCmd is `cubicle audit NAME`: a sandbox's record as a timeline.
@@ -46,11 +48,16 @@ func newAuditCmd() *cobra.Command {
 				return nil
 			}
 			o := cubicle.AuditOptions{SinceSeq: since, Kinds: kinds}
+			colour := isTerminal(out) && os.Getenv("NO_COLOR") == ""
 			show := func(e protocol.AuditEvent) error {
 				if asJSON {
 					return json.NewEncoder(out).Encode(e)
 				}
-				_, err := fmt.Fprintln(out, timelineLine(e))
+				line := timelineLine(e)
+				if colour {
+					line = colourKind(e.Kind, line)
+				}
+				_, err := fmt.Fprintln(out, line)
 				return err
 			}
 			if follow {
@@ -246,4 +253,27 @@ func printStep(w io.Writer, st *protocol.AuditStep) {
 			fmt.Fprintln(w)
 		}
 	}
+}
+
+// kindColours are the timeline's ANSI colours by event kind.
+var kindColours = map[string]string{
+	protocol.KindLifecycle: "\x1b[35m", // magenta
+	protocol.KindCommand:   "\x1b[1m",  // bold
+	protocol.KindFile:      "\x1b[32m", // green
+	protocol.KindNetwork:   "\x1b[36m", // cyan
+	protocol.KindPackage:   "\x1b[33m", // yellow
+}
+
+// colourKind colours a timeline line by its event's kind.
+func colourKind(kind, line string) string {
+	if c, ok := kindColours[kind]; ok {
+		return c + line + "\x1b[0m"
+	}
+	return line
+}
+
+// isTerminal reports whether w is a terminal (colour only there).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }

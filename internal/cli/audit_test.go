@@ -57,3 +57,13 @@ func TestAuditCmdTimeline(t *testing.T) {
 		t.Fatalf("step (%v):\n%s", err, out)
 	}
 }
+
+// TestColourKind: timeline lines are coloured by kind, and reset after.
+func TestColourKind(t *testing.T) {
+	if got := colourKind(protocol.KindFile, "x"); got != "\x1b[32mx\x1b[0m" {
+		t.Fatalf("file line: %q", got)
+	}
+	if got := colourKind("unknown", "x"); got != "x" {
+		t.Fatalf("unknown kind: %q", got)
+	}
+}

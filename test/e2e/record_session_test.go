@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/store"
 	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -162,6 +163,13 @@ func TestAuditAgentSession(t *testing.T) {
 		return ev.Type == protocol.EventNetworkFlow && strings.Contains(string(ev.Data), `"port":7000`)
 	}) {
 		t.Error("no network.flow event for the raw TCP connection")
+	}
+	// Another workspace's admin cannot read the record, by name or id.
+	intruder := addKey(t, e.d, "w2", "w2-admin", store.RoleAdmin)
+	for _, path := range []string{"/v2/sandboxes/boxes/agent/audit", "/v2/sandboxes/audit/sandboxes/" + all[0].SandboxID} {
+		if code, b := raw(t, e.d, intruder, "GET", path, nil); code != 404 {
+			t.Errorf("another workspace reads %s: %d %s", path, code, b)
+		}
 	}
 	whole, _ := json.Marshal(all)
 	for _, s := range []string{secret, testKey} {
