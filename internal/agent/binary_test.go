@@ -155,10 +155,11 @@ func TestUnknownEncodingRefused(t *testing.T) {
 	}
 }
 
-// The daemon's client (POST /execute, SSE) gets the exact bytes.
+// The daemon's client gets the exact bytes when it asks for base64 (and
+// text, as POST /execute answers, when it does not).
 func TestClientExecIsBinarySafe(t *testing.T) {
 	c, _, _ := startAgent(t)
-	out, _, code, err := run(t, c, protocol.ExecFrame{Command: printfAll()})
+	out, _, code, err := run(t, c, protocol.ExecFrame{Command: printfAll(), Encoding: protocol.EncodingBase64})
 	if err != nil || code != 0 || out != string(allBytes()) {
 		t.Fatalf("got %x (%d bytes), code %d, %v", out, len(out), code, err)
 	}

@@ -196,16 +196,18 @@ func (c *Client) DialExec(ctx context.Context) (*websocket.Conn, error) {
 }
 
 // Exec runs one command to completion, copying its output to stdout and
-// stderr (either may be nil) byte for byte, and returns its exit code.
-// req.Type is set to execute and req.Encoding to base64. An error frame
-// becomes an *ExecError (errors.Is ErrCommandTimeout for timeouts).
+// stderr (either may be nil), and returns its exit code. req.Type is set
+// to execute; with req.Encoding base64 the output is byte for byte, else
+// as the protocol's text frames carry it (POST /execute answers text
+// anyway, and text frames are smaller). An error frame becomes an
+// *ExecError (errors.Is ErrCommandTimeout for timeouts).
 func (c *Client) Exec(ctx context.Context, req protocol.ExecFrame, stdout, stderr io.Writer) (int, error) {
 	conn, err := c.DialExec(ctx)
 	if err != nil {
 		return -1, err
 	}
 	defer conn.CloseNow()
-	req.Type, req.Encoding = protocol.FrameExecute, protocol.EncodingBase64
+	req.Type = protocol.FrameExecute
 	binary := false // until started says so: an older agent answers text
 	if err := writeFrame(ctx, conn, req); err != nil {
 		return -1, fmt.Errorf("agent: exec: %w", err)

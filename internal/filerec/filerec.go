@@ -17,6 +17,7 @@ package filerec
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -272,6 +273,12 @@ func (w *Watcher) index(ctx context.Context, b *box) error {
 // packages that changed with it.
 func (w *Watcher) scan(ctx context.Context, b *box, j job) error {
 	changes, err := b.tr.Scan(ctx)
+	if errors.Is(err, storage.ErrTooManyChanges) {
+		// Too many to hold: the step gets an event saying so, without paths.
+		w.rec.Record(j.ctx, record.Event{SandboxID: b.id, WorkspaceID: j.ws, Kind: protocol.KindFile,
+			Type: protocol.EventFileChanged, Step: j.step, Data: protocol.FileChanges{Truncated: true, Incomplete: true, At: j.at}})
+		return nil
+	}
 	if err != nil || len(changes) == 0 {
 		return err
 	}

@@ -30,6 +30,17 @@ type FileChange struct {
 	ModeBefore fs.FileMode
 }
 
+// maxScanPathBytes bounds the path bytes one Scan may hold as candidates:
+// a command that changes more (40,000 files with 4 KB paths would be 160
+// MB) is not listed; the scan rebuilds the index instead and says so
+// (ErrTooManyChanges), so what a sandbox does never grows the daemon's
+// memory past this.
+const maxScanPathBytes = 8 << 20
+
+// ErrTooManyChanges is a Scan whose changes were too many to list; the
+// index is rebuilt, so the next Scan reports what changes after it.
+var ErrTooManyChanges = errors.New("too many changes to list")
+
 // maxTrackedPaths bounds a Tracker's index, and so the memory a sandbox
 // can make the daemon spend by creating files.
 const maxTrackedPaths = 1 << 19
@@ -141,21 +152,30 @@ func (t *Tracker) Scan(ctx context.Context) ([]FileChange, error) {
 	defer s.close()
 	var dirs []string
 	if t.vol != "" {
-		if dirs, err = t.changedPaths(s.cand); err != nil {
-			return nil, fmt.Errorf("scan %s: %w", t.upper, err)
-		}
+		dirs, err = t.changedPaths(s.cand)
 	} else {
 		dirs = []string{"."}
+		held := 0
 		err = walk(ctx, tree, ".", func(rel string, st *unix.Stat_t) error {
+			if held += len(rel); held > maxScanPathBytes {
+				return ErrTooManyChanges
+			}
 			s.cand[rel] = true
 			if isDir(st) {
 				dirs = append(dirs, rel)
 			}
 			return nil
 		})
-		if err != nil {
+	}
+	if errors.Is(err, ErrTooManyChanges) {
+		s.cand, dirs = nil, nil // release them before the walk
+		if err := t.reindex(ctx, tree); err != nil {
 			return nil, fmt.Errorf("scan %s: %w", t.upper, err)
 		}
+		return nil, ErrTooManyChanges
+	}
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", t.upper, err)
 	}
 	sort.Strings(dirs)
 	for _, d := range dirs {
@@ -186,6 +206,7 @@ func (t *Tracker) Scan(ctx context.Context) ([]FileChange, error) {
 // changed since the last scan to cand, and returns those of directories.
 func (t *Tracker) changedPaths(cand map[string]bool) ([]string, error) {
 	var dirs []string
+	held := 0 // path bytes in cand (maxScanPathBytes)
 	err := t.withVol(func(fd int) error {
 		gen, err := btrfsCommit(fd)
 		if err != nil || gen <= t.gen {
@@ -225,6 +246,9 @@ func (t *Tracker) changedPaths(cand map[string]bool) ([]string, error) {
 				rel, ok := t.relOf(n)
 				if !ok {
 					continue // the overlay's work dir
+				}
+				if held += len(rel); held > maxScanPathBytes {
+					return ErrTooManyChanges
 				}
 				cand[rel] = true
 				if in.mode&unix.S_IFMT == unix.S_IFDIR {
@@ -318,7 +342,9 @@ func (t *Tracker) add(p *node, name string, k *node) bool {
 		return false
 	}
 	t.nodes++
-	p.kids[name] = k
+	// A copy: name is a piece of a whole path, which would stay in memory
+	// with it (40,000 files under a 4 KB directory path are 160 MB).
+	p.kids[strings.Clone(name)] = k
 	return true
 }
 
@@ -566,4 +592,13 @@ func ReadLayered(ctx context.Context, stack []string, name string, max int64) ([
 		return nil, &fs.PathError{Op: "read", Path: name, Err: fs.ErrNotExist}
 	}
 	return e.tree.ReadEntry(ctx, rel, max)
+}
+
+// reindex replaces the index with the upper as it is now.
+func (t *Tracker) reindex(ctx context.Context, tree *sandboxfs.Tree) error {
+	t.root, t.nodes, t.full = &node{mode: unix.S_IFDIR, kids: map[string]*node{}}, 0, false
+	return walk(ctx, tree, ".", func(rel string, st *unix.Stat_t) error {
+		t.set(rel, t.nodeOf(tree, rel, st))
+		return nil
+	})
 }

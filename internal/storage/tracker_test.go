@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -250,4 +251,35 @@ func TestTrackerIndexCap(t *testing.T) {
 	if !tr.Incomplete() || tr.nodes != 3 {
 		t.Fatalf("index of %d paths, incomplete %v; want 3, true", tr.nodes, tr.Incomplete())
 	}
+}
+
+// TestTrackerTooManyChanges: a scan whose candidate paths would exceed
+// maxScanPathBytes holds none of them, rebuilds the index and says so, and
+// the next scan reports only what changes after it.
+func TestTrackerTooManyChanges(t *testing.T) {
+	c, _ := loopStore(t)
+	ctx := context.Background()
+	o, err := New(t.TempDir(), WithCoW(c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rootfs, err := o.Mount(ctx, "p", []string{t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Remove(ctx, "p")
+	tr, err := NewTracker(ctx, o.UpperDir("p"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deep := rootfs + "/" + strings.Repeat(strings.Repeat("d", 200)+"/", 10)
+	must(t, os.MkdirAll(deep, 0o755))
+	for i := range maxScanPathBytes/2000 + 100 {
+		write(t, fmt.Sprintf("%s%d", deep, i), "", 0o644)
+	}
+	if _, err := tr.Scan(ctx); !errors.Is(err, ErrTooManyChanges) {
+		t.Fatalf("scan of %d MiB of paths: %v, want ErrTooManyChanges", maxScanPathBytes>>20, err)
+	}
+	write(t, rootfs+"/after", "a", 0o644)
+	scanWant(t, tr, map[string]string{"/after": Added})
 }
