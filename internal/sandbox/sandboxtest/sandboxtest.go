@@ -276,6 +276,9 @@ func (d *Driver) start(ctx context.Context, spec runtime.Spec, token string, res
 		return fmt.Errorf("fake driver: %w", err)
 	}
 	proc := exec.Command("sleep", "3600")
+	// It dies with the test binary: a test that ends with sandboxes up must
+	// leave no process behind.
+	proc.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := proc.Start(); err != nil {
 		l.Close()
 		return fmt.Errorf("fake driver: %w", err)
