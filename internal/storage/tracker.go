@@ -35,7 +35,7 @@ type FileChange struct {
 // MB) is not listed; the scan rebuilds the index instead and says so
 // (ErrTooManyChanges), so what a sandbox does never grows the daemon's
 // memory past this.
-const maxScanPathBytes = 8 << 20
+const maxScanPathBytes = 4 << 20
 
 // ErrTooManyChanges is a Scan whose changes were too many to list; the
 // index is rebuilt, so the next Scan reports what changes after it.

@@ -97,7 +97,9 @@ func TestGlobBounded(t *testing.T) {
 	ref := testImage(t)
 	for _, rt := range runtimes() {
 		t.Run(rt, func(t *testing.T) {
-			d := startDaemon(t, rt, "")
+			// The audit record's scan of the 40k files (bounded on its own:
+			// storage TestTrackerTooManyChanges) would overlap the glob.
+			d := startDaemonArgs(t, rt, "", "--audit-files=false")
 			sn := readySnapshot(t, d.Client, "bounds", ref)
 			sb := newSandbox(t, d.Client, sn.ID, nil)
 			// 16 nested directories of 240 characters, then 40000 files.

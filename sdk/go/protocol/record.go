@@ -75,7 +75,7 @@ type FileChanges struct {
 	Truncated     bool `json:"truncated,omitempty"`
 	// Incomplete: the daemon's index of this sandbox's files is full, so
 	// deletions of files it does not hold are not seen; or (with no paths
-	// or counts) the step changed too much to list (more than 8 MiB of
+	// or counts) the step changed too much to list (more than 4 MiB of
 	// paths), and only that it did is recorded.
 	Incomplete bool `json:"incomplete,omitempty"`
 	// At is the lifecycle event that caused a step-0 scan (stopped,
