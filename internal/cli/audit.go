@@ -13,7 +13,6 @@ import (
 	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 )
 
 // newAuditCmd is `cubicle audit NAME`: a sandbox's record as a timeline.
@@ -48,7 +47,8 @@ func newAuditCmd() *cobra.Command {
 				return nil
 			}
 			o := cubicle.AuditOptions{SinceSeq: since, Kinds: kinds}
-			colour := isTerminal(out) && os.Getenv("NO_COLOR") == ""
+			_, tty := terminalFd(out)
+			colour := tty && os.Getenv("NO_COLOR") == ""
 			show := func(e protocol.AuditEvent) error {
 				if asJSON {
 					return json.NewEncoder(out).Encode(e)
@@ -270,10 +270,4 @@ func colourKind(kind, line string) string {
 		return c + line + "\x1b[0m"
 	}
 	return line
-}
-
-// isTerminal reports whether w is a terminal (colour only there).
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	return ok && term.IsTerminal(int(f.Fd()))
 }

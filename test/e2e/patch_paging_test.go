@@ -13,20 +13,25 @@ import (
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
+// requestBody is body as a request body: none for nil, a string as is,
+// anything else as JSON.
+func requestBody(body any) io.Reader {
+	switch b := body.(type) {
+	case nil:
+		return nil
+	case string:
+		return strings.NewReader(b)
+	default:
+		j, _ := json.Marshal(b)
+		return bytes.NewReader(j)
+	}
+}
+
 // p3Do sends a raw request with the test key and extra headers and returns
 // the response (body already read) and its body.
 func p3Do(t *testing.T, method, url string, body any, hdr map[string]string) (*http.Response, []byte) {
 	t.Helper()
-	var rd io.Reader
-	switch b := body.(type) {
-	case nil:
-	case string:
-		rd = strings.NewReader(b)
-	default:
-		raw, _ := json.Marshal(b)
-		rd = bytes.NewReader(raw)
-	}
-	req, err := http.NewRequest(method, url, rd)
+	req, err := http.NewRequest(method, url, requestBody(body))
 	if err != nil {
 		t.Fatal(err)
 	}

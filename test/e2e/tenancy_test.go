@@ -47,16 +47,7 @@ func addKey(t testing.TB, d *daemon, ws, user, role string) string {
 // redirects, and returns the status and body.
 func raw(t testing.TB, d *daemon, key, method, path string, body any) (int, string) {
 	t.Helper()
-	var rd io.Reader
-	switch b := body.(type) {
-	case nil:
-	case string:
-		rd = strings.NewReader(b)
-	default:
-		j, _ := json.Marshal(b)
-		rd = bytes.NewReader(j)
-	}
-	req, _ := http.NewRequest(method, d.Endpoint+path, rd)
+	req, _ := http.NewRequest(method, d.Endpoint+path, requestBody(body))
 	req.Header.Set("X-Api-Key", key)
 	req.Header.Set("Content-Type", "application/json")
 	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
