@@ -145,7 +145,7 @@ func TestEgressPolicy(t *testing.T) {
 		}()
 		must(t, m.SetEgress(id, EgressPolicy{Mode: EgressAllow, ProxyPort: port}))
 		for _, dst := range []string{netip.AddrPortFrom(second, 80).String(), netip.AddrPortFrom(out.ip, 443).String()} {
-			c, err := dialFrom(t, ep.NetNS, dst)
+			c, err := dialFromWithin(t, ep.NetNS, dst, reachTimeout)
 			if err != nil {
 				t.Fatalf("dial %s: %v", dst, err)
 			}

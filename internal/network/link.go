@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -42,7 +43,46 @@ func (m *Manager) plumb(ep *Endpoint) error {
 		// reset) connections meant for the sandbox.
 		return nil
 	}
-	return configureSandbox(ep, inNS)
+	if err := configureSandbox(ep, inNS); err != nil {
+		return err
+	}
+	waitOperUp(netlinkHandle{}, host.Attrs().Index)
+	if eth, err := inNS.LinkByName(SandboxIfName); err == nil {
+		waitOperUp(inNS, eth.Attrs().Index)
+	}
+	return nil
+}
+
+// operUpWait bounds waitOperUp. The kernel's link watcher normally
+// activates a new veth within a millisecond; on a loaded host it can lag.
+const operUpWait = 2 * time.Second
+
+// linkGetter is what waitOperUp needs of a netlink handle (the package-level
+// netlink functions for the host namespace, a *netlink.Handle for another).
+type linkGetter interface {
+	LinkByIndex(index int) (netlink.Link, error)
+}
+
+// netlinkHandle answers for the host namespace.
+type netlinkHandle struct{}
+
+func (netlinkHandle) LinkByIndex(index int) (netlink.Link, error) { return netlink.LinkByIndex(index) }
+
+// waitOperUp waits (at most operUpWait) until the link reports operstate
+// up. Until the kernel's link watcher has run, a freshly raised link still
+// has its no-op qdisc and silently drops what is sent through it: a
+// sandbox's first SYN would be lost and retried only after TCP's 1 s
+// initial timeout. Past the bound the link is used anyway (a late packet is
+// retransmitted, not lost for good).
+func waitOperUp(h linkGetter, index int) {
+	deadline := time.Now().Add(operUpWait)
+	for {
+		l, err := h.LinkByIndex(index)
+		if err != nil || l.Attrs().OperState == netlink.OperUp || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // ensureVeth returns the host end of ep's veth pair, creating the pair (peer

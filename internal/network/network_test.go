@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -31,7 +32,14 @@ import (
 // same host is not disturbed.
 var testPool = netip.MustParsePrefix("10.251.0.0/24")
 
-const blockedTimeout = 700 * time.Millisecond
+// blockedTimeout is how long a dial that should not connect is given;
+// reachTimeout is how long one that should is given: long enough for TCP to
+// retransmit a lost SYN (1 s) on a loaded host, since reachability, not
+// speed, is what those checks assert.
+const (
+	blockedTimeout = 700 * time.Millisecond
+	reachTimeout   = 3 * time.Second
+)
 
 type testEnv struct {
 	stateDir string
@@ -62,9 +70,31 @@ func randID(t *testing.T, prefix string) string {
 	return prefix + "-" + hex.EncodeToString(b)
 }
 
-// snapshot counts what endpoints leave on the host.
+// snapshot counts what endpoints leave on the host. links is the sorted
+// set of test-pool link indexes, so a link that goes away between two
+// snapshots (the kernel destroys a deleted netns's veth asynchronously,
+// after its test has ended) is told apart from one that was left behind.
 type snapshot struct {
-	links, netnsFiles, records, rules int
+	links                      string
+	netnsFiles, records, rules int
+}
+
+// leakedSince reports what s holds that before did not ("" for nothing).
+func (s snapshot) leakedSince(before snapshot) string {
+	had := map[string]bool{}
+	for _, l := range strings.Fields(before.links) {
+		had[l] = true
+	}
+	var extra []string
+	for _, l := range strings.Fields(s.links) {
+		if !had[l] {
+			extra = append(extra, "link "+l)
+		}
+	}
+	if s.netnsFiles != before.netnsFiles || s.records != before.records || s.rules != before.rules {
+		extra = append(extra, fmt.Sprintf("counts %+v, were %+v", s, before))
+	}
+	return strings.Join(extra, "; ")
 }
 
 func (e *testEnv) snapshot(t *testing.T) snapshot {
@@ -87,7 +117,12 @@ func (e *testEnv) snapshot(t *testing.T) snapshot {
 	if err != nil {
 		t.Fatalf("count rules: %v", err)
 	}
-	return snapshot{links: len(links), netnsFiles: len(nsFiles), records: len(recs), rules: rules}
+	idx := make([]int, 0, len(links))
+	for i := range links {
+		idx = append(idx, i)
+	}
+	sort.Ints(idx)
+	return snapshot{links: strings.Trim(fmt.Sprint(idx), "[]"), netnsFiles: len(nsFiles), records: len(recs), rules: rules}
 }
 
 // inNS runs fn on a fresh OS thread switched into the netns at path. The
@@ -118,9 +153,13 @@ func inNS(t *testing.T, path string, fn func()) {
 }
 
 func dialFrom(t *testing.T, nsPath, addr string) (net.Conn, error) {
+	return dialFromWithin(t, nsPath, addr, blockedTimeout)
+}
+
+func dialFromWithin(t *testing.T, nsPath, addr string, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
 	var err error
-	inNS(t, nsPath, func() { c, err = net.DialTimeout("tcp4", addr, blockedTimeout) })
+	inNS(t, nsPath, func() { c, err = net.DialTimeout("tcp4", addr, timeout) })
 	return c, err
 }
 
@@ -156,9 +195,9 @@ func mustReach(t *testing.T, nsPath, addr string) string {
 	var c net.Conn
 	var err error
 	if nsPath == "" {
-		c, err = net.DialTimeout("tcp4", addr, 2*time.Second)
+		c, err = net.DialTimeout("tcp4", addr, reachTimeout)
 	} else {
-		c, err = dialFrom(t, nsPath, addr)
+		c, err = dialFromWithin(t, nsPath, addr, reachTimeout)
 	}
 	if err != nil {
 		t.Fatalf("dial %s from %q: %v", addr, nsPath, err)
@@ -235,6 +274,8 @@ func newOutside(t *testing.T, dir string) *outside {
 	must(t, in.AddrAdd(lo, addr(netip.MustParseAddr("169.254.169.254"), 32)))
 	must(t, in.LinkSetUp(eth))
 	must(t, in.LinkSetUp(lo))
+	waitOperUp(netlinkHandle{}, host.Attrs().Index)
+	waitOperUp(in, eth.Attrs().Index)
 	must(t, in.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, Gw: o.hostIP.AsSlice()}))
 	// Route the metadata address to the outside namespace (removed with the link).
 	must(t, netlink.RouteAdd(&netlink.Route{LinkIndex: host.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4(169, 254, 169, 254).To4(), Mask: net.CIDRMask(32, 32)}, Gw: o.ip.AsSlice()}))
@@ -267,6 +308,16 @@ func TestPolicy(t *testing.T) {
 	if len(a.HostIf) > 15 || !strings.HasPrefix(a.HostIf, HostIfPrefix) {
 		t.Fatalf("host if name %q", a.HostIf)
 	}
+	// Setup returns only once both ends carry traffic: before the kernel's
+	// link watcher has run, a new veth drops what is sent through it.
+	if l, err := netlink.LinkByName(a.HostIf); err != nil || l.Attrs().OperState != netlink.OperUp {
+		t.Fatalf("host end %s after Setup: %v, %v; want operstate up", a.HostIf, l, err)
+	}
+	inNS(t, a.NetNS, func() {
+		if l, err := netlink.LinkByName(SandboxIfName); err != nil || l.Attrs().OperState != netlink.OperUp {
+			t.Errorf("sandbox end after Setup: %v, %v; want operstate up", l, err)
+		}
+	})
 
 	t.Run("host reaches agent via nsenter child", func(t *testing.T) {
 		cmd := exec.Command("nsenter", "--net="+a.NetNS, "busybox", "nc", "-l", "-p", "9000")
@@ -341,8 +392,8 @@ func TestPolicy(t *testing.T) {
 
 	must(t, m.Teardown(ctx, a.ID))
 	must(t, m.Teardown(ctx, b.ID))
-	if after := env.snapshot(t); after != before {
-		t.Fatalf("leak: before %+v after %+v", before, after)
+	if leak := env.snapshot(t).leakedSince(before); leak != "" {
+		t.Fatalf("leak: %s", leak)
 	}
 }
 
@@ -352,8 +403,8 @@ func TestIdempotenceAndRestart(t *testing.T) {
 	env.manager(t)
 	before := env.snapshot(t)
 	m := env.manager(t) // New is idempotent
-	if s := env.snapshot(t); s != before {
-		t.Fatalf("second New changed state: %+v -> %+v", before, s)
+	if leak := env.snapshot(t).leakedSince(before); leak != "" {
+		t.Fatalf("second New changed state: %s", leak)
 	}
 
 	id := randID(t, "r")
@@ -402,8 +453,8 @@ func TestIdempotenceAndRestart(t *testing.T) {
 	if _, err := m2.Setup(ctx, "../escape"); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Fatalf("Setup with bad id: %v", err)
 	}
-	if after := env.snapshot(t); after != before {
-		t.Fatalf("leak: before %+v after %+v", before, after)
+	if leak := env.snapshot(t).leakedSince(before); leak != "" {
+		t.Fatalf("leak: %s", leak)
 	}
 }
 
@@ -440,8 +491,8 @@ func TestConcurrentSetup(t *testing.T) {
 	for i := range n {
 		must(t, errs[i])
 	}
-	if after := env.snapshot(t); after != before {
-		t.Fatalf("leak: before %+v after %+v", before, after)
+	if leak := env.snapshot(t).leakedSince(before); leak != "" {
+		t.Fatalf("leak: %s", leak)
 	}
 }
 
@@ -460,7 +511,7 @@ func TestSetupFailureUndoes(t *testing.T) {
 	if _, err := m.Lookup(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("allocation survived a failed Setup: %v", err)
 	}
-	if after := env.snapshot(t); after != before {
-		t.Fatalf("leak: before %+v after %+v", before, after)
+	if leak := env.snapshot(t).leakedSince(before); leak != "" {
+		t.Fatalf("leak: %s", leak)
 	}
 }
