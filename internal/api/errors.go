@@ -52,7 +52,11 @@ func writeError(ctx context.Context, w http.ResponseWriter, err error) {
 	var be *sandbox.BootError
 	var ue *unknownFieldError
 	var le *errdefs.LimitError
+	var ua *unavailableError
 	switch {
+	case errors.As(err, &ua):
+		w.Header().Set("Retry-After", "30")
+		writeDetail(w, http.StatusServiceUnavailable, "ServiceUnavailable", ua.Error())
 	case errors.As(err, &le):
 		secs := int64((le.RetryAfter + time.Second - 1) / time.Second)
 		w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))

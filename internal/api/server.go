@@ -19,9 +19,11 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accesslog"
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
+	"github.com/cubicle-dev/cubicle/internal/health"
 	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/record"
 	"github.com/cubicle-dev/cubicle/internal/telemetry"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // prefixes are the control-plane mount points (spec §1.2 and §11.1).
@@ -59,6 +61,10 @@ type Server struct {
 	// rec keeps sandboxes' audit records; nil without WithRecorder, and
 	// then nothing is recorded and the audit routes do not exist.
 	rec *record.Recorder
+	// health reports the daemon's parts and gates writes (WithHealth);
+	// space measures the store for /healthz. Either may be nil.
+	health *health.Checker
+	space  func() (protocol.StoreSpace, error)
 }
 
 // drain tells long-lived responses that the server is shutting down.
@@ -125,12 +131,12 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 		opt(s)
 	}
 	for _, p := range prefixes {
-		s.handle("POST "+p+"/snapshots", jsonHandler(http.StatusCreated, nil, s.createSnapshot))
+		s.handle("POST "+p+"/snapshots", jsonHandler(http.StatusCreated, nil, gated(s, s.createSnapshot)))
 		s.handle("GET "+p+"/snapshots", jsonHandler(http.StatusOK, nil, s.listSnapshots))
 		s.handle("GET "+p+"/snapshots-by-name/{name}", jsonHandler(http.StatusOK, nil, s.snapshotTags))
 		s.handle("GET "+p+"/snapshots/{id}", jsonHandler(http.StatusOK, nil, s.getSnapshot))
 		s.handle("DELETE "+p+"/snapshots/{id}", jsonHandler(http.StatusOK, nil, s.deleteSnapshot))
-		s.handle("POST "+p+"/boxes", jsonHandler(http.StatusCreated, checkCreateSandbox, s.createSandbox))
+		s.handle("POST "+p+"/boxes", jsonHandler(http.StatusCreated, checkCreateSandbox, gated(s, s.createSandbox)))
 		s.handle("GET "+p+"/boxes", jsonHandler(http.StatusOK, nil, s.listSandboxes))
 		s.handle("GET "+p+"/boxes/{name}", jsonHandler(http.StatusOK, nil, s.getSandbox))
 		s.handle("PATCH "+p+"/boxes/{name}", jsonHandler(http.StatusOK, nil, s.updateSandbox))
@@ -139,7 +145,7 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 		s.handle("GET "+p+"/boxes/{name}/stats", jsonHandler(http.StatusOK, nil, s.sandboxStats))
 		s.handle("GET "+p+"/stats", jsonHandler(http.StatusOK, nil, s.listStats))
 		s.handle("POST "+p+"/boxes/{name}/stop", jsonHandler(http.StatusOK, nil, s.stopSandbox))
-		s.handle("POST "+p+"/boxes/{name}/start", jsonHandler(http.StatusOK, nil, s.startSandbox))
+		s.handle("POST "+p+"/boxes/{name}/start", jsonHandler(http.StatusOK, nil, gated(s, s.startSandbox)))
 		s.handle("POST "+p+"/images/load", s.loadImage)
 		s.handle("GET "+p+"/images", jsonHandler(http.StatusOK, nil, s.listImages))
 		s.handle("DELETE "+p+"/images/{ref...}", jsonHandler(http.StatusOK, nil, s.removeImage))
@@ -176,9 +182,7 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 			writeJSON(w, http.StatusOK, s.jwks)
 		})
 	}
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]any{"ok": true, "runtime": mgr.Runtime(), "storage": mgr.StorageBackend()})
-	})
+	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeDetail(w, http.StatusNotFound, "NotFound", "no route for "+r.Method+" "+r.URL.Path)
 	})

@@ -13,8 +13,8 @@ import (
 // branching extensions: fork, reset and diff.
 func (s *Server) registerBranchingRoutes() {
 	for _, p := range prefixes {
-		s.handle("POST "+p+"/boxes/{name}/snapshot", jsonHandler(http.StatusCreated, nil, s.captureSnapshot))
-		s.handle("POST "+p+"/boxes/{name}/fork", jsonHandler(http.StatusCreated, nil, s.forkSandbox))
+		s.handle("POST "+p+"/boxes/{name}/snapshot", jsonHandler(http.StatusCreated, nil, gated(s, s.captureSnapshot)))
+		s.handle("POST "+p+"/boxes/{name}/fork", jsonHandler(http.StatusCreated, nil, gated(s, s.forkSandbox)))
 		s.handle("POST "+p+"/boxes/{name}/reset", jsonHandler(http.StatusOK, nil, s.resetSandbox))
 		s.handle("GET "+p+"/diff", jsonHandler(http.StatusOK, nil, s.diff))
 	}

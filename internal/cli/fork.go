@@ -6,6 +6,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 )
 
@@ -130,11 +131,13 @@ func newDiffCmd() *cobra.Command {
 	}
 }
 
-// newInfoCmd is `cubicle info`: the daemon's runtime and storage backend.
+// newInfoCmd is `cubicle info`: the daemon's runtime, storage backend,
+// health and store space. It exits non-zero when the daemon is
+// unavailable, so scripts can wait on it.
 func newInfoCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "info",
-		Short: "Show the daemon's runtime and copy-on-write storage backend",
+		Short: "Show the daemon's runtime, storage, health and free space",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := clientFromEnv()
@@ -145,7 +148,32 @@ func newInfoCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "runtime\t%s\nstorage\t%s\n", in.Runtime, in.Storage)
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintf(w, "runtime\t%s\nstorage\t%s\nstatus\t%s\n", in.Runtime, in.Storage, in.Status)
+			for _, r := range in.Reasons {
+				fmt.Fprintf(w, "  problem\t%s\n", r)
+			}
+			if sp := in.Space; sp != nil {
+				space := func(name string, fs protocol.FSSpace) {
+					ro := ""
+					if fs.ReadOnly {
+						ro = " (read-only)"
+					}
+					fmt.Fprintf(w, "%s\t%s used, %s free of %s%s\t%s\n", name, humanize.IBytes(uint64(fs.Used)),
+						humanize.IBytes(uint64(fs.Free)), humanize.IBytes(uint64(fs.Total)), ro, fs.Path)
+				}
+				space("store space", sp.Store)
+				if sp.Host != nil {
+					space("host space", *sp.Host)
+				}
+				fmt.Fprintf(w, "usable\t%s\n", humanize.IBytes(uint64(max(sp.Usable, 0))))
+			}
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			if in.Status == "unavailable" {
+				return fmt.Errorf("daemon unavailable: %s", strings.Join(in.Reasons, "; "))
+			}
 			return nil
 		},
 	}

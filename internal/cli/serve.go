@@ -18,10 +18,12 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/filerec"
+	"github.com/cubicle-dev/cubicle/internal/health"
 	"github.com/cubicle-dev/cubicle/internal/identity"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/network"
+	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/record"
 	"github.com/cubicle-dev/cubicle/internal/registry"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -61,6 +63,7 @@ type serveFlags struct {
 	layerMaxBytes      string
 	metricsListen      string
 	rateLimit          api.RateLimit
+	storeReserve       string
 }
 
 // imageLimits parses the image size caps ("" is 0: the store's default).
@@ -80,6 +83,26 @@ func (f serveFlags) imageLimits() (image.Limits, error) {
 		*v.dst = int64(n)
 	}
 	return l, nil
+}
+
+// healthChecks are the parts /healthz probes: the database, the CoW store's
+// space and writability, the runtime (when its driver can tell) and the
+// egress proxy. The proxy is not critical: sandboxes without egress rules
+// still work without it.
+func healthChecks(f serveFlags, st *store.SQLite, cow *storage.CoW, driver runtime.Driver, egress *proxy.Service) (*health.Checker, error) {
+	reserve, err := humanize.ParseBytes(f.storeReserve)
+	if err != nil || reserve > math.MaxInt64 {
+		return nil, fmt.Errorf("--store-reserve %q: want a size such as 1GiB, or 0", f.storeReserve)
+	}
+	checks := []health.Check{
+		{Name: "database", Critical: true, Probe: st.Ping},
+		{Name: "store", Critical: true, Probe: cow.Check(int64(reserve))},
+		{Name: "egress_proxy", Probe: egress.Probe},
+	}
+	if p, ok := driver.(runtime.Prober); ok {
+		checks = append(checks, health.Check{Name: "runtime", Critical: true, Probe: p.Probe})
+	}
+	return health.New(checks...), nil
 }
 
 func newServeCmd() *cobra.Command {
@@ -116,6 +139,8 @@ func newServeCmd() *cobra.Command {
 	fl.StringSliceVar(&f.insecureRegistries, "insecure-registry", nil, "HOST[:PORT] of a registry reached over plain HTTP (repeatable)")
 	fl.StringVar(&f.imageMaxBytes, "image-max-bytes", "", "cap on what one image pull or load unpacks to, e.g. 20GiB (default: half the image store's free space at pull time)")
 	fl.StringVar(&f.layerMaxBytes, "image-layer-max-bytes", "", "cap on one unpacked image layer (default: the image cap)")
+	fl.StringVar(&f.storeReserve, "store-reserve", "1GiB",
+		"space the copy-on-write store keeps free (the smaller of its own free space and, for a loop image, its host filesystem's): below it /healthz is unavailable and creates, starts, forks and captures get a 503; below twice it, degraded. 0: no reserve")
 	fl.BoolVar(&f.debug, "debug", false, "log every request")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "",
 		"also serve /metrics here without authentication, for a private scrape network (the API's /metrics needs an admin key)")
@@ -295,9 +320,14 @@ func serve(ctx context.Context, f serveFlags) error {
 	defer access.Close()
 	ident := identity.New(st, authn, access)
 	ident.CutSessionsWith(mgr.CutPrincipals) // a revoked key's open streams end at once
+	checks, err := healthChecks(f, st, cow, driver, egress)
+	if err != nil {
+		return err
+	}
+	tel.WatchHealth(checks, cow.Space)
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithJWKS(idSigner), api.WithExecOutputLimit(f.execOutputLimit),
 		api.WithIdentity(ident), api.WithAccessLog(access), api.WithTelemetry(tel),
-		api.WithRateLimit(f.rateLimit), api.WithRecorder(rec))
+		api.WithRateLimit(f.rateLimit), api.WithRecorder(rec), api.WithHealth(checks, cow.Space))
 	handler.EnableRegistries(registries)
 	handler.EnableQuotas(mgr, accesslog.Quotas{Recorder: access})
 	handler.EnableEgress(vault, egress)

@@ -73,6 +73,7 @@ func (s *Service) startDNS(listen string) (*resolver, error) {
 func (s *Service) runDNS(srv *dns.Server) {
 	if err := srv.ActivateAndServe(); err != nil {
 		s.log.Warn("egress resolver stopped", "err", err)
+		s.stopped("resolver: " + err.Error())
 	}
 }
 

@@ -137,6 +137,9 @@ type Service struct {
 	srv   *http.Server
 	conns *chanListener // connections handed to srv (plain HTTP, intercepted TLS)
 	dns   *resolver
+	// down is why the proxy stopped serving (its listener or resolver
+	// ended), nil while it serves; Probe reports it.
+	down atomic.Pointer[string]
 
 	mu   sync.RWMutex
 	byIP map[netip.Addr]*sandbox
@@ -229,7 +232,11 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		s.dns.close()
 		return nil, err
 	}
-	go s.srv.Serve(s.conns)
+	go func() {
+		if err := s.srv.Serve(s.conns); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.stopped("HTTP server: " + err.Error())
+		}
+	}()
 	go s.acceptLoop()
 	s.log.Info("egress proxy listening", "addr", ln.Addr().String(), "dns_port", s.dns.port, "dns_upstreams", cfg.Upstreams)
 	return s, nil
@@ -237,6 +244,18 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 
 // Port is the proxy's TCP port on every host-side veth address.
 func (s *Service) Port() uint16 { return s.port }
+
+// stopped records the first reason the proxy stopped serving.
+func (s *Service) stopped(why string) { s.down.CompareAndSwap(nil, &why) }
+
+// Probe is the proxy's health probe: nil while its listener and resolver
+// serve.
+func (s *Service) Probe(context.Context) error {
+	if why := s.down.Load(); why != nil {
+		return fmt.Errorf("egress proxy stopped: %s", *why)
+	}
+	return nil
+}
 
 // CA returns the install's CA.
 func (s *Service) CA() *CA { return s.ca }
@@ -383,6 +402,7 @@ func (s *Service) acceptLoop() {
 		c, err := s.ln.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
+				s.stopped("listener closed")
 				s.conns.Close()
 				return
 			}

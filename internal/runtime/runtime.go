@@ -124,6 +124,14 @@ type Driver interface {
 	PID(ctx context.Context, id string) (int, error)
 }
 
+// Prober is implemented by drivers that depend on something outside the
+// daemon that can go missing (a runtime binary, its state directory); the
+// daemon's health check calls Probe, which returns why new sandboxes could
+// not start, or nil.
+type Prober interface {
+	Probe(ctx context.Context) error
+}
+
 // Checkpointer is implemented by drivers that can save a running sandbox's
 // memory and kernel state (processes, open files, sockets, timers) to disk
 // and start new sandboxes from that image, which resume where the source

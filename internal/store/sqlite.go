@@ -269,6 +269,28 @@ func (s *SQLite) migrate(ctx context.Context) error {
 // Close closes the database.
 func (s *SQLite) Close() error { return s.db.Close() }
 
+// Ping is the database's health probe: it reads the schema and takes (then
+// releases, writing nothing) the write lock, so a database that cannot be
+// read or no longer takes writes (read-only file, a held lock) reports why.
+func (s *SQLite) Ping(ctx context.Context) error {
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer conn.Close()
+	var n int
+	if err := conn.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_master").Scan(&n); err != nil {
+		return fmt.Errorf("database read: %w", err)
+	}
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return fmt.Errorf("database write lock: %w", err)
+	}
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		return fmt.Errorf("database write lock: %w", err)
+	}
+	return nil
+}
+
 const timeFmt = time.RFC3339Nano
 
 func fmtTime(t time.Time) string { return t.UTC().Format(timeFmt) }

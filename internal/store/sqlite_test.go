@@ -288,3 +288,33 @@ func TestPreserveMemoryOnStopPersists(t *testing.T) {
 		t.Fatalf("after update and reopen: %+v, %v", got, err)
 	}
 }
+
+// TestPingReportsAHeldWriteLock: the health probe fails while another
+// process holds the database's write lock, and passes once it is released.
+func TestPingReportsAHeldWriteLock(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "c.db")
+	st, other := openTest(t, path), openTest(t, path)
+	if err := st.Ping(ctx); err != nil {
+		t.Fatalf("ping of a healthy database: %v", err)
+	}
+	conn, err := other.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := st.Ping(short); err == nil {
+		t.Fatal("ping passed while another connection held the write lock")
+	}
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Ping(ctx); err != nil {
+		t.Fatalf("ping after the lock was released: %v", err)
+	}
+}

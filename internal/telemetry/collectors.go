@@ -5,6 +5,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/health"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -86,4 +87,58 @@ func (t *Telemetry) WatchStoreFile(path string) {
 		}
 		return float64(n)
 	}))
+}
+
+var (
+	descHealth = prometheus.NewDesc("cubicle_health_ok", "1 while a health check passes, 0 while it fails (its reason is in /healthz).", []string{"check"}, nil)
+	descSpace  = prometheus.NewDesc("cubicle_store_space_bytes",
+		"Space of the copy-on-write store's filesystem (fs=store) and, for a loop image, of the host filesystem holding it (fs=host).", []string{"fs", "kind"}, nil)
+	descUsable = prometheus.NewDesc("cubicle_store_usable_bytes", "What the copy-on-write store can still take: the smaller of its own and its host filesystem's free space.", nil, nil)
+)
+
+// healthCollector reports the health checks and the store's space at
+// scrape time (checks run at most once a second however often it is
+// scraped).
+type healthCollector struct {
+	checks *health.Checker
+	space  func() (protocol.StoreSpace, error)
+}
+
+func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descHealth
+	ch <- descSpace
+	ch <- descUsable
+}
+
+func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), censusTimeout)
+	defer cancel()
+	for _, r := range c.checks.Recent(ctx, time.Second).Checks {
+		v := 0.0
+		if r.Status == health.StatusOK {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descHealth, prometheus.GaugeValue, v, r.Name)
+	}
+	sp, err := c.space()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(descSpace, err)
+		return
+	}
+	emit := func(fs string, s protocol.FSSpace) {
+		for kind, n := range map[string]int64{"total": s.Total, "used": s.Used, "free": s.Free} {
+			ch <- prometheus.MustNewConstMetric(descSpace, prometheus.GaugeValue, float64(n), fs, kind)
+		}
+	}
+	emit("store", sp.Store)
+	if sp.Host != nil {
+		emit("host", *sp.Host)
+	}
+	ch <- prometheus.MustNewConstMetric(descUsable, prometheus.GaugeValue, float64(sp.Usable))
+}
+
+// WatchHealth registers cubicle_health_ok per check and the store's space
+// gauges.
+func (t *Telemetry) WatchHealth(checks *health.Checker, space func() (protocol.StoreSpace, error)) {
+	t.reg.MustRegister(healthCollector{checks, space})
 }

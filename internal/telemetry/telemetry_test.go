@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/health"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -179,5 +180,33 @@ func TestLogsCarryRequestAndSandbox(t *testing.T) {
 	}
 	if got := values(gather(t, tel), "cubicle_http_requests_total"); got["code=418,route=POST /dp/{id}/execute"] != 1 {
 		t.Errorf("requests = %v, want one 418", got)
+	}
+}
+
+func TestHealthCollector(t *testing.T) {
+	tel := Discard()
+	checks := health.New(
+		health.Check{Name: "store", Critical: true, Probe: func(context.Context) error { return nil }},
+		health.Check{Name: "egress_proxy", Probe: func(context.Context) error { return errors.New("down") }},
+	)
+	tel.WatchHealth(checks, func() (protocol.StoreSpace, error) {
+		return protocol.StoreSpace{
+			Store:  protocol.FSSpace{Total: 100, Used: 40, Free: 60},
+			Host:   &protocol.FSSpace{Total: 1000, Used: 990, Free: 10},
+			Usable: 10,
+		}, nil
+	})
+	fams := gather(t, tel)
+	if got := values(fams, "cubicle_health_ok"); got["check=store"] != 1 || got["check=egress_proxy"] != 0 || len(got) != 2 {
+		t.Errorf("cubicle_health_ok = %v", got)
+	}
+	got := values(fams, "cubicle_store_space_bytes")
+	for k, want := range map[string]float64{"fs=store,kind=free": 60, "fs=store,kind=total": 100, "fs=host,kind=used": 990, "fs=host,kind=free": 10} {
+		if got[k] != want {
+			t.Errorf("cubicle_store_space_bytes{%s} = %v, want %v (all: %v)", k, got[k], want, got)
+		}
+	}
+	if u := values(fams, "cubicle_store_usable_bytes"); u[""] != 10 {
+		t.Errorf("cubicle_store_usable_bytes = %v", u)
 	}
 }

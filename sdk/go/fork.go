@@ -2,6 +2,7 @@ package cubicle
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -53,21 +54,33 @@ func (c *Client) Diff(ctx context.Context, a, b string) (*protocol.DiffResponse,
 	return &d, nil
 }
 
-// Info is the daemon's /healthz report.
-type Info struct {
-	OK      bool   `json:"ok"`
-	Runtime string `json:"runtime"`
-	// Storage is the copy-on-write backend: btrfs, btrfs-loop or copy.
-	Storage string `json:"storage"`
-}
+// Info is the daemon's /healthz report: its runtime, storage backend,
+// health checks and store space.
+type Info = protocol.Health
 
-// Info returns the daemon's runtime and storage backend.
+// Info returns the daemon's /healthz report. An unavailable daemon answers
+// 503 with the same report, returned here without an error (Status says
+// "unavailable" and Reasons why).
 func (c *Client) Info(ctx context.Context) (*Info, error) {
 	root := strings.TrimSuffix(c.base, "/v2/sandboxes")
 	root = strings.TrimSuffix(strings.TrimSuffix(root, "/api/v1"), "/api")
-	var in Info
-	if err := c.do(ctx, http.MethodGet, root+"/healthz", nil, &in); err != nil {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, root+"/healthz", nil)
+	if err != nil {
 		return nil, fmt.Errorf("daemon info: %w", err)
+	}
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, fmt.Errorf("daemon info: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		if err := checkResponse(resp); err != nil {
+			return nil, fmt.Errorf("daemon info: %w", err)
+		}
+	}
+	var in Info
+	if err := json.NewDecoder(resp.Body).Decode(&in); err != nil {
+		return nil, fmt.Errorf("daemon info: decode: %w", err)
 	}
 	return &in, nil
 }

@@ -52,6 +52,10 @@ func TestBranching(t *testing.T) {
 			if err != nil || info.Storage != "btrfs-loop" {
 				t.Fatalf("info: %+v %v (want storage btrfs-loop on this ext4 host)", info, err)
 			}
+			// Every check passes and the loop store's space and its host's are reported.
+			if info.Status != "ok" || !info.OK || info.Space == nil || info.Space.Host == nil || info.Space.Usable <= 0 || len(info.Checks) < 3 {
+				t.Fatalf("health: %+v (space %+v)", info, info.Space)
+			}
 			base := readySnapshot(t, c, "base", ref)
 			p := newSandbox(t, c, base.ID, func(r *protocol.CreateSandboxRequest) { r.Name = "parent" })
 			mustRun(t, c, p.Name, "mkdir -p /work && echo parent > /work/f && echo doomed > /work/gone && "+counterLoop)

@@ -350,3 +350,22 @@ func validate(spec runtime.Spec) error {
 	}
 	return nil
 }
+
+var _ runtime.Prober = (*Driver)(nil)
+
+// Probe reports whether runsc and the state directory are still usable:
+// a runsc binary that was removed or lost its execute bit, or a state
+// directory that is gone or read-only, stops every future start.
+func (d *Driver) Probe(context.Context) error {
+	st, err := os.Stat(d.runsc)
+	if err != nil {
+		return fmt.Errorf("runsc: %w", err)
+	}
+	if !st.Mode().IsRegular() || st.Mode().Perm()&0o111 == 0 {
+		return fmt.Errorf("runsc %s is not an executable file (%v)", d.runsc, st.Mode())
+	}
+	if err := unix.Access(d.runscRoot(), unix.W_OK); err != nil {
+		return fmt.Errorf("runsc state dir %s: %w", d.runscRoot(), err)
+	}
+	return nil
+}

@@ -1,0 +1,76 @@
+package api
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/cubicle-dev/cubicle/internal/health"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// gateAge is how stale a health report may be when it decides whether a
+// create (or start, fork, capture) may go ahead: probes run at most once
+// per gateAge however many creates arrive.
+const gateAge = time.Second
+
+// WithHealth makes /healthz report checker's checks and the store's space
+// (space may be nil), and refuses requests that need the store to take new
+// data with 503 while a critical check fails.
+func WithHealth(checker *health.Checker, space func() (protocol.StoreSpace, error)) Option {
+	return func(s *Server) { s.health, s.space = checker, space }
+}
+
+// healthz answers 200 when sandboxes can be created (ok or degraded) and
+// 503 when they cannot. It needs no key: load balancers probe it.
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	b := protocol.Health{OK: true, Status: health.StatusOK, Runtime: s.mgr.Runtime(), Storage: s.mgr.StorageBackend()}
+	if s.health != nil {
+		rep := s.health.Run(r.Context())
+		b.Status, b.Checks, b.Reasons, b.OK = rep.Status, rep.Checks, rep.Reasons(), rep.OK()
+	}
+	if s.space != nil {
+		if sp, err := s.space(); err == nil {
+			b.Space = &sp
+		}
+	}
+	code := http.StatusOK
+	if b.Status == health.StatusUnavailable {
+		code = http.StatusServiceUnavailable
+		w.Header().Set("Retry-After", "30")
+	}
+	writeJSON(w, code, b)
+}
+
+// unavailableError refuses a request while the daemon is unavailable.
+type unavailableError struct{ reasons []string }
+
+func (e *unavailableError) Error() string {
+	return "the daemon cannot take new sandboxes or snapshots now: " + strings.Join(e.reasons, "; ")
+}
+
+// admitWrite refuses, with the reasons, a request that would store new data
+// (create, start, fork, capture, snapshot build) while a critical check
+// fails: a full or read-only store must fail the request cleanly rather
+// than the sandboxes already running on it.
+func (s *Server) admitWrite(ctx context.Context) error {
+	if s.health == nil {
+		return nil
+	}
+	if rep := s.health.Recent(ctx, gateAge); rep.Status == health.StatusUnavailable {
+		return &unavailableError{rep.Reasons()}
+	}
+	return nil
+}
+
+// gated wraps a JSON handler with admitWrite.
+func gated[Req, Resp any](s *Server, fn func(*http.Request, Req) (Resp, error)) func(*http.Request, Req) (Resp, error) {
+	return func(r *http.Request, req Req) (Resp, error) {
+		if err := s.admitWrite(r.Context()); err != nil {
+			var zero Resp
+			return zero, err
+		}
+		return fn(r, req)
+	}
+}

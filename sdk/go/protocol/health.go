@@ -1,0 +1,44 @@
+package protocol
+
+// Health is GET /healthz (Cubicle's; no key needed). OK, Runtime and
+// Storage are as before health checks existed; Status is "ok", "degraded"
+// (served, with Reasons) or "unavailable" (the answer is a 503: new
+// sandboxes cannot be created).
+type Health struct {
+	OK      bool          `json:"ok"`
+	Status  string        `json:"status"`
+	Reasons []string      `json:"reasons,omitempty"`
+	Checks  []HealthCheck `json:"checks,omitempty"`
+	Runtime string        `json:"runtime"`
+	// Storage is the copy-on-write backend: btrfs, btrfs-loop or copy.
+	Storage string      `json:"storage"`
+	Space   *StoreSpace `json:"space,omitempty"`
+}
+
+// HealthCheck is one probed part of the daemon.
+type HealthCheck struct {
+	Name   string `json:"name"`
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// StoreSpace is the room the copy-on-write store has: its own filesystem
+// and, for a loop image, the host filesystem the image file lives on (a
+// sparse image can claim more than the host has left). Usable is the
+// smaller of their free space: what the store can still take.
+type StoreSpace struct {
+	Store  FSSpace  `json:"store"`
+	Host   *FSSpace `json:"host,omitempty"`
+	Usable int64    `json:"usable_bytes"`
+}
+
+// FSSpace is what one filesystem holds and has left, in bytes. ReadOnly is
+// set when it no longer takes writes (btrfs turns itself read-only after
+// an aborted transaction, e.g. when it ran out of space).
+type FSSpace struct {
+	Path     string `json:"path"`
+	Total    int64  `json:"total_bytes"`
+	Used     int64  `json:"used_bytes"`
+	Free     int64  `json:"free_bytes"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
