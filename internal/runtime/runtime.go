@@ -10,8 +10,11 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"regexp"
 )
 
 // AgentMountPath is where the cubicle binary appears, read-only, inside every
@@ -132,6 +135,13 @@ type Prober interface {
 	Probe(ctx context.Context) error
 }
 
+// Lister is implemented by drivers that keep per-sandbox state on the
+// host: List returns the ids that hold any (running or not), so the daemon
+// can stop instances of sandboxes it has no record of.
+type Lister interface {
+	List(ctx context.Context) ([]string, error)
+}
+
 // Checkpointer is implemented by drivers that can save a running sandbox's
 // memory and kernel state (processes, open files, sockets, timers) to disk
 // and start new sandboxes from that image, which resume where the source
@@ -171,4 +181,24 @@ func TokenPipe(token string) (*os.File, error) {
 		return nil, fmt.Errorf("token pipe: %w", err)
 	}
 	return r, nil
+}
+
+// ListStateDirs returns the names of dir's subdirectories that match id,
+// sorted: the per-sandbox state of drivers that keep one directory per id.
+// A missing dir holds none.
+func ListStateDirs(dir string, id *regexp.Regexp) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list runtime state in %s: %w", dir, err)
+	}
+	var ids []string
+	for _, e := range ents {
+		if e.IsDir() && id.MatchString(e.Name()) {
+			ids = append(ids, e.Name())
+		}
+	}
+	return ids, nil // ReadDir sorts by name
 }

@@ -39,6 +39,11 @@ type Storage interface {
 	MemoryDir(snap string) string
 	// Usage is the exclusive bytes of sandboxes ids and snapshots snaps.
 	Usage(ctx context.Context, ids, snaps []string) (map[string]int64, error)
+	// List returns the ids that hold storage.
+	List(ctx context.Context) ([]string, error)
+	// Quarantine unmounts id's rootfs and moves what it wrote aside
+	// (never deleting it), returning where ("" if it wrote nothing).
+	Quarantine(ctx context.Context, id string) (string, error)
 }
 
 // Network is what the manager calls on sandbox networks: one netns and
@@ -51,4 +56,6 @@ type Network interface {
 	Lookup(ctx context.Context, id string) (*network.Endpoint, error)
 	// Teardown removes id's endpoint; none is not an error.
 	Teardown(ctx context.Context, id string) error
+	// List returns the ids that hold an endpoint.
+	List(ctx context.Context) ([]string, error)
 }

@@ -15,7 +15,8 @@ import (
 // whose processes are gone are marked stopped with their filesystem kept (a
 // dataplane request or start boots them again), half-made ones are marked
 // failed, interrupted deletions are finished, and interrupted snapshot
-// builds are resumed.
+// builds are resumed. Then what ids without a record hold on the host is
+// cleaned up (CleanLeftovers: their data is moved aside, not deleted).
 func (m *Manager) Recover(ctx context.Context) error {
 	sandboxes, err := m.cfg.Store.AllSandboxes(ctx)
 	if err != nil {
@@ -23,6 +24,9 @@ func (m *Manager) Recover(ctx context.Context) error {
 	}
 	for _, sb := range sandboxes {
 		m.recoverSandbox(ctx, sb)
+	}
+	if _, err := m.CleanLeftovers(ctx); err != nil {
+		m.log.Error("clean up leftovers", "err", err)
 	}
 	snaps, err := m.cfg.Store.SnapshotsWithStatus(ctx, protocol.SnapshotBuilding)
 	if err != nil {

@@ -369,3 +369,11 @@ func (d *Driver) Probe(context.Context) error {
 	}
 	return nil
 }
+
+var _ runtime.Lister = (*Driver)(nil)
+
+// List implements runtime.Lister: the ids with a bundle dir (runsc's own
+// state dir, runsc/, does not match the id shape).
+func (d *Driver) List(context.Context) ([]string, error) {
+	return runtime.ListStateDirs(d.stateDir, idPattern)
+}

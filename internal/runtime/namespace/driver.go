@@ -286,3 +286,10 @@ func killAndWait(ctx context.Context, st state) error {
 		}
 	}
 }
+
+var _ runtime.Lister = (*Driver)(nil)
+
+// List implements runtime.Lister: the ids with a state dir.
+func (d *Driver) List(context.Context) ([]string, error) {
+	return runtime.ListStateDirs(d.stateDir, idPattern)
+}

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -87,6 +88,29 @@ func (s *Storage) Mounted(id string) bool {
 func (s *Storage) Remove(ctx context.Context, id string) error {
 	s.Unmount(ctx, id)
 	return os.RemoveAll(filepath.Join(s.Root, "sandboxes", id))
+}
+
+// List implements sandbox.Storage.
+func (s *Storage) List(context.Context) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(s.Root, "sandboxes"))
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range ents {
+		ids = append(ids, e.Name())
+	}
+	return ids, nil
+}
+
+// Quarantine implements sandbox.Storage: id's data moves to Root/orphans/id.
+func (s *Storage) Quarantine(ctx context.Context, id string) (string, error) {
+	s.Unmount(ctx, id)
+	dst := filepath.Join(s.Root, "orphans", id)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", err
+	}
+	return dst, os.Rename(filepath.Join(s.Root, "sandboxes", id), dst)
 }
 
 // Exists reports whether id has any data left.
@@ -207,6 +231,18 @@ func (n *Network) Teardown(_ context.Context, id string) error {
 	return nil
 }
 
+// List implements sandbox.Network.
+func (n *Network) List(context.Context) ([]string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	ids := make([]string, 0, len(n.eps))
+	for id := range n.eps {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
 // Endpoints counts the endpoints set up.
 func (n *Network) Endpoints() int {
 	n.mu.Lock()
@@ -324,6 +360,18 @@ func (d *Driver) Running(_ context.Context, id string) (bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.boxes[id] != nil, nil
+}
+
+// List implements runtime.Lister: the ids started and not stopped.
+func (d *Driver) List(context.Context) ([]string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	ids := make([]string, 0, len(d.boxes))
+	for id := range d.boxes {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, nil
 }
 
 // PID implements runtime.Driver.

@@ -1,0 +1,96 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+)
+
+// Kinds of Leftover.
+const (
+	LeftoverRuntime = "runtime" // a driver instance or its state
+	LeftoverNetwork = "network" // a netns, veth pair and address
+	LeftoverStorage = "storage" // a rootfs mount, storage dir or volume
+)
+
+// Leftover is host state held under a runtime id that no sandbox record
+// has: what a crash between a record's deletion and its cleanup, or a
+// record lost with its database, leaves behind.
+type Leftover struct {
+	Kind string `json:"kind"`
+	ID   string `json:"id"`
+	// Moved is where a cleaned storage leftover's data was moved
+	// (Quarantine keeps it; the daemon never deletes unknown data).
+	Moved string `json:"moved,omitempty"`
+}
+
+// Leftovers lists the runtime instances, network endpoints and storage
+// held by ids no sandbox record has, in that order, each sorted by id.
+func (m *Manager) Leftovers(ctx context.Context) ([]Leftover, error) {
+	sandboxes, err := m.cfg.Store.AllSandboxes(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list leftovers: %w", err)
+	}
+	known := make(map[string]bool, len(sandboxes))
+	for _, sb := range sandboxes {
+		known[runtimeID(sb.ID)] = true
+	}
+	type lister struct {
+		kind string
+		list func(context.Context) ([]string, error)
+	}
+	var listers []lister
+	if l, ok := m.cfg.Driver.(runtime.Lister); ok {
+		listers = append(listers, lister{LeftoverRuntime, l.List})
+	}
+	listers = append(listers, lister{LeftoverNetwork, m.cfg.Network.List}, lister{LeftoverStorage, m.cfg.Storage.List})
+	var out []Leftover
+	for _, l := range listers {
+		ids, err := l.list(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list %s leftovers: %w", l.kind, err)
+		}
+		slices.Sort(ids)
+		for _, id := range ids {
+			if !known[id] {
+				out = append(out, Leftover{Kind: l.kind, ID: id})
+			}
+		}
+	}
+	return out, nil
+}
+
+// CleanLeftovers stops the instances, tears down the endpoints and
+// unmounts the storage of ids no sandbox record has, moving their data
+// aside (Storage.Quarantine) rather than deleting it. It returns what it
+// cleaned, with where data went; one leftover that fails to clean does not
+// stop the others.
+func (m *Manager) CleanLeftovers(ctx context.Context) ([]Leftover, error) {
+	found, err := m.Leftovers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	done := make([]Leftover, 0, len(found))
+	for _, l := range found {
+		var err error
+		switch l.Kind {
+		case LeftoverRuntime:
+			err = m.cfg.Driver.Stop(ctx, l.ID)
+		case LeftoverNetwork:
+			err = m.cfg.Network.Teardown(ctx, l.ID)
+		case LeftoverStorage:
+			l.Moved, err = m.cfg.Storage.Quarantine(ctx, l.ID)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("clean %s leftover %s: %w", l.Kind, l.ID, err))
+			continue
+		}
+		m.log.Warn("cleaned up state of a sandbox the database does not know", "kind", l.Kind, "id", l.ID, "moved_to", l.Moved)
+		done = append(done, l)
+	}
+	return done, errors.Join(errs...)
+}

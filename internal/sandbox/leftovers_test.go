@@ -1,0 +1,58 @@
+package sandbox
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestLeftoversAreCleanedAtRecover: a sandbox whose record vanished while
+// its instance, endpoint and files remained (a crash between the record's
+// deletion and its cleanup, or a lost database) is found, its instance
+// stopped and endpoint torn down at the next start, and its files moved
+// aside, not deleted; sandboxes with records are untouched.
+func TestLeftoversAreCleanedAtRecover(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	kept := e.create(t, member, "kept")
+	lost := e.create(t, member, "lost")
+	rid := runtimeID(lost.ID)
+	if err := os.WriteFile(filepath.Join(e.storage.UpperDir(rid), "work.txt"), []byte("precious"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := e.m.Leftovers(ctx); err != nil || len(left) != 0 {
+		t.Fatalf("leftovers with every record present: %v %v", left, err)
+	}
+	if err := e.st.DeleteSandbox(ctx, lost.ID); err != nil {
+		t.Fatal(err)
+	}
+	left, err := e.m.Leftovers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Leftover{{Kind: LeftoverRuntime, ID: rid}, {Kind: LeftoverNetwork, ID: rid}, {Kind: LeftoverStorage, ID: rid}}
+	if len(left) != len(want) {
+		t.Fatalf("leftovers %+v, want %+v", left, want)
+	}
+	for i := range want {
+		if left[i] != want[i] {
+			t.Fatalf("leftovers %+v, want %+v", left, want)
+		}
+	}
+
+	e.reopen(t) // Recover cleans them
+	if left, err := e.m.Leftovers(ctx); err != nil || len(left) != 0 {
+		t.Fatalf("leftovers after recovery: %v %v", left, err)
+	}
+	if running, _ := e.driver.Running(ctx, rid); running {
+		t.Fatal("the leftover instance still runs")
+	}
+	b, err := os.ReadFile(filepath.Join(e.storage.Root, "orphans", rid, "upper", "work.txt"))
+	if err != nil || string(b) != "precious" {
+		t.Fatalf("the leftover's files were not kept aside: %q %v", b, err)
+	}
+	if running, _ := e.driver.Running(ctx, runtimeID(kept.ID)); !running || e.get(t, kept.ID).Status != "ready" {
+		t.Fatal("a sandbox with a record was touched")
+	}
+}
