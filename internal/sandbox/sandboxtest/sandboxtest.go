@@ -16,9 +16,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
-	"slices"
 	"sync"
 	"syscall"
 
