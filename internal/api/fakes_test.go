@@ -333,6 +333,15 @@ func (f *fakeSandboxes) Stats(ctx context.Context, name string) (*protocol.Sandb
 	return &protocol.SandboxStats{ID: sb.ID, Name: sb.Name, Status: sb.Status, CPUSeconds: 2}, nil
 }
 
+func (f *fakeSandboxes) Leftovers(context.Context) ([]protocol.Leftover, error) {
+	return []protocol.Leftover{{Kind: "network", ID: "gone"}}, nil
+}
+
+func (f *fakeSandboxes) CleanLeftovers(context.Context) ([]protocol.Leftover, error) {
+	f.calls = append(f.calls, "clean-leftovers")
+	return []protocol.Leftover{{Kind: "network", ID: "gone"}}, nil
+}
+
 func (f *fakeSandboxes) ListStats(ctx context.Context) ([]protocol.SandboxStats, error) {
 	var out []protocol.SandboxStats
 	for name := range f.sandboxes {

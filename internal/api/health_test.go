@@ -61,3 +61,28 @@ func TestHealthz(t *testing.T) {
 		t.Fatalf("create after recovery = %d %v", code, body)
 	}
 }
+
+// TestLeftoversRoutes: only the instance admin sees and cleans leftovers
+// (they span every workspace); a workspace admin gets 403.
+func TestLeftoversRoutes(t *testing.T) {
+	ta, _, _ := newQuotaAPI(t) // its authenticator knows the instance key
+	for _, key := range []string{adminKey, memberKey} {
+		if code, _ := ta.do(t, "GET", "/v2/sandboxes/admin/leftovers", key, nil); code != 403 {
+			t.Fatalf("leftovers as %s = %d, want 403", key, code)
+		}
+		if code, _ := ta.do(t, "POST", "/v2/sandboxes/admin/leftovers/clean", key, nil); code != 403 {
+			t.Fatalf("clean as %s = %d, want 403", key, code)
+		}
+	}
+	if len(ta.mgr.calls) != 0 {
+		t.Fatalf("refused calls reached the manager: %v", ta.mgr.calls)
+	}
+	code, body := ta.do(t, "GET", "/v2/sandboxes/admin/leftovers", instanceKey, nil)
+	l, _ := body.(map[string]any)["leftovers"].([]any)
+	if code != 200 || len(l) != 1 {
+		t.Fatalf("leftovers as the instance admin = %d %v", code, body)
+	}
+	if code, _ := ta.do(t, "POST", "/v2/sandboxes/admin/leftovers/clean", instanceKey, nil); code != 200 || len(ta.mgr.calls) != 1 {
+		t.Fatalf("clean as the instance admin = %d, calls %v", code, ta.mgr.calls)
+	}
+}

@@ -176,6 +176,7 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	s.registerRecordRoutes()
 	s.registerReplayRoutes()
 	s.registerShareRoutes()
+	s.registerDoctorRoutes()
 	if s.jwks != nil {
 		s.mux.HandleFunc("GET /.well-known/jwks.json", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Cache-Control", "public, max-age=300")

@@ -56,6 +56,9 @@ type Sandboxes interface {
 	ListShares(ctx context.Context, kind, ref string) ([]*store.Share, error)
 	Unshare(ctx context.Context, kind, ref, shareID string) error
 
+	Leftovers(ctx context.Context) ([]protocol.Leftover, error)
+	CleanLeftovers(ctx context.Context) ([]protocol.Leftover, error)
+
 	Runtime() string
 	StorageBackend() string
 }

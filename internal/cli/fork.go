@@ -131,6 +131,44 @@ func newDiffCmd() *cobra.Command {
 	}
 }
 
+// newDoctorCmd is `cubicle doctor`: host state of sandboxes the daemon has
+// no record of, and (--clean) its cleanup. The daemon also cleans it at
+// every start.
+func newDoctorCmd() *cobra.Command {
+	var clean bool
+	cmd := &cobra.Command{
+		Use:   "doctor",
+		Short: "List (or --clean) runtime instances, networks and storage of sandboxes the daemon does not know (instance admin)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			list := c.Leftovers
+			if clean {
+				list = c.CleanLeftovers
+			}
+			left, err := list(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if len(left) == 0 {
+				fmt.Fprintln(cmd.OutOrStdout(), "no leftovers")
+				return nil
+			}
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "KIND\tID\tMOVED TO")
+			for _, l := range left {
+				fmt.Fprintf(w, "%s\t%s\t%s\n", l.Kind, l.ID, l.Moved)
+			}
+			return w.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&clean, "clean", false, "stop, tear down and unmount them; their files are moved to <data-dir>/cow/orphans, never deleted")
+	return cmd
+}
+
 // newInfoCmd is `cubicle info`: the daemon's runtime, storage backend,
 // health and store space. It exits non-zero when the daemon is
 // unavailable, so scripts can wait on it.

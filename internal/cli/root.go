@@ -31,6 +31,7 @@ func Main(args []string) int {
 		newDiffCmd(),
 		newShareCmd(),
 		newInfoCmd(),
+		newDoctorCmd(),
 		newPortForwardCmd(),
 		newWorkspaceCmd(),
 		newUserCmd(),

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // Kinds of Leftover.
@@ -19,13 +20,7 @@ const (
 // Leftover is host state held under a runtime id that no sandbox record
 // has: what a crash between a record's deletion and its cleanup, or a
 // record lost with its database, leaves behind.
-type Leftover struct {
-	Kind string `json:"kind"`
-	ID   string `json:"id"`
-	// Moved is where a cleaned storage leftover's data was moved
-	// (Quarantine keeps it; the daemon never deletes unknown data).
-	Moved string `json:"moved,omitempty"`
-}
+type Leftover = protocol.Leftover
 
 // Leftovers lists the runtime instances, network endpoints and storage
 // held by ids no sandbox record has, in that order, each sorted by id.

@@ -84,3 +84,23 @@ func (c *Client) Info(ctx context.Context) (*Info, error) {
 	}
 	return &in, nil
 }
+
+// Leftovers lists host state of sandboxes the daemon has no record of
+// (instance admin only).
+func (c *Client) Leftovers(ctx context.Context) ([]protocol.Leftover, error) {
+	var l protocol.Leftovers
+	if err := c.do(ctx, http.MethodGet, "/admin/leftovers", nil, &l); err != nil {
+		return nil, fmt.Errorf("list leftovers: %w", err)
+	}
+	return l.Leftovers, nil
+}
+
+// CleanLeftovers cleans what Leftovers lists (data is moved aside, not
+// deleted) and returns what was cleaned (instance admin only).
+func (c *Client) CleanLeftovers(ctx context.Context) ([]protocol.Leftover, error) {
+	var l protocol.Leftovers
+	if err := c.do(ctx, http.MethodPost, "/admin/leftovers/clean", nil, &l); err != nil {
+		return nil, fmt.Errorf("clean leftovers: %w", err)
+	}
+	return l.Leftovers, nil
+}

@@ -42,3 +42,19 @@ type FSSpace struct {
 	Free     int64  `json:"free_bytes"`
 	ReadOnly bool   `json:"read_only,omitempty"`
 }
+
+// Leftover is host state held under a runtime id that no sandbox record
+// has (GET /v2/sandboxes/admin/leftovers, instance admin only): Kind is
+// runtime, network or storage. Moved is where a cleaned storage
+// leftover's data went (the daemon moves unknown data aside, never deletes
+// it).
+type Leftover struct {
+	Kind  string `json:"kind"`
+	ID    string `json:"id"`
+	Moved string `json:"moved,omitempty"`
+}
+
+// Leftovers is the answer of the leftovers routes.
+type Leftovers struct {
+	Leftovers []Leftover `json:"leftovers"`
+}
