@@ -168,7 +168,19 @@ func TestRunConfigLayers(t *testing.T) {
 // without a work_dir, the sandbox's run_config.work_dir with one; so a
 // command sees the file under the same relative name.
 func TestRelativeFilePaths(t *testing.T) {
-	ref := testImage(t)
+	testImage(t) // starts the shared registry
+	base := imagetest.BusyboxImage(t)
+	cf, err := base.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := cf.Config
+	cfg.WorkingDir = "" // commands start in the user's home
+	noWorkDir, err := mutate.Config(base, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := imagetest.Push(t, registryHost, "cubicle/noworkdir:e2e", noWorkDir)
 	d := startDaemon(t, "namespace", "")
 	sn := readySnapshot(t, d.Client, "relpaths", ref)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -188,8 +200,9 @@ func TestRelativeFilePaths(t *testing.T) {
 		}
 	}
 	home := newSandbox(t, d.Client, sn.ID, nil)
-	roundTrip(home.Name, "data.txt", "in home")
-	if out := mustRun(t, d.Client, home.Name, "cat /root/data.txt; cat data.txt"); out != "in home\nin home\n" {
+	mustRun(t, d.Client, home.Name, "mkdir -p /root") // busybox has no home for root
+	roundTrip(home.Name, "data.txt", "in home\n")
+	if out := mustRun(t, d.Client, home.Name, "cat /root/data.txt && cat data.txt && pwd"); out != "in home\nin home\n/root\n" {
 		t.Fatalf("a relative upload without a work_dir: %q; want it in root's home, where commands start", out)
 	}
 	wd := newSandbox(t, d.Client, sn.ID, func(r *protocol.CreateSandboxRequest) {
