@@ -368,7 +368,7 @@ func TestSearchCapsBytes(t *testing.T) {
 }
 
 // TestRelativeFilePath: a relative path resolves where the user's commands
-// start (the home), for writes and reads alike; ".." stays in the root.
+// start (the home), for writes, reads and stats alike.
 func TestRelativeFilePath(t *testing.T) {
 	base := userTree(t)
 	c, srv, _ := startAgent(t)
