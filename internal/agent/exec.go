@@ -193,10 +193,7 @@ func (s *Server) procSpec(f protocol.ExecFrame) (procSpec, error) {
 	dir := rc.WorkDir
 	switch {
 	case dir == "":
-		dir = "/"
-		if st, err := os.Stat(id.home); err == nil && st.IsDir() {
-			dir = id.home
-		}
+		dir = id.startDir()
 	case !filepath.IsAbs(dir):
 		return procSpec{}, fmt.Errorf("work_dir %q must be absolute", dir)
 	}

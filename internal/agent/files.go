@@ -34,11 +34,15 @@ type FileInfo struct {
 	MTime time.Time   `json:"mtime"`
 }
 
-// cleanPath makes a request path absolute and clean. Relative paths resolve
-// against "/": the agent's root is the sandbox root, so nothing escapes it.
-func cleanPath(p string) (string, error) {
+// cleanPath makes a request path absolute and clean, a relative one
+// resolved against base (absolute). The agent's root is the sandbox root,
+// so ".." cannot leave it.
+func cleanPath(p, base string) (string, error) {
 	if p == "" {
 		return "", errors.New("path is required")
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(base, p)
 	}
 	return filepath.Join("/", p), nil
 }
@@ -56,16 +60,18 @@ var pseudoFSMagic = map[int64]string{
 }
 
 // fileRequest is the path and identity of a file request: ?path= and
-// ?user= (the sandbox's run_config.user; empty means the agent's own).
+// ?user= (the sandbox's run_config.user; empty means the agent's own). A
+// relative path resolves where that user's commands start without a
+// work_dir (identity.startDir); the daemon resolves it against a work_dir.
 func (s *Server) fileRequest(r *http.Request) (string, identity, error) {
 	q := r.URL.Query()
-	p, err := cleanPath(q.Get("path"))
-	if err != nil {
-		return "", identity{}, err
-	}
 	id, err := lookupIdentity(s.root, q.Get("user"))
 	if err != nil {
 		return "", identity{}, fmt.Errorf("run_config.user: %w", err)
+	}
+	p, err := cleanPath(q.Get("path"), id.startDir())
+	if err != nil {
+		return "", identity{}, err
 	}
 	return p, id, nil
 }

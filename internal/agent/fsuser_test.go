@@ -366,3 +366,27 @@ func TestSearchCapsBytes(t *testing.T) {
 		t.Fatalf("admitted %d matches of 4000 bytes, want %d", n, want)
 	}
 }
+
+// TestRelativeFilePath: a relative path resolves where the user's commands
+// start (the home), for writes, reads and stats alike.
+func TestRelativeFilePath(t *testing.T) {
+	base := userTree(t)
+	c, srv, _ := startAgent(t)
+	home := filepath.Join(base, "home/u")
+	srv.root = t.TempDir()
+	os.MkdirAll(filepath.Join(srv.root, "etc"), 0o755)
+	os.WriteFile(filepath.Join(srv.root, "etc/passwd"), []byte(fmt.Sprintf("u:x:%d:%d::%s:/bin/sh\n", testUID, testUID, home)), 0o644)
+	ctx := ctxT(t)
+	if err := c.WriteFile(ctx, "u", "out/data.txt", 0o644, strings.NewReader("rel")); err != nil {
+		t.Fatalf("relative upload: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(home, "out/data.txt")); err != nil || string(b) != "rel" {
+		t.Fatalf("home/out/data.txt = %q, %v; want the relative upload there", b, err)
+	}
+	if st, body := readAs(t, c, "u", "sub/file"); st != 200 || body != "mine" {
+		t.Fatalf("relative read of sub/file: %d %q", st, body)
+	}
+	if fi, err := c.Stat(ctx, "u", "./out/../out/data.txt"); err != nil || fi.Path != home+"/out/data.txt" {
+		t.Fatalf("stat of a relative path: %+v, %v; want %s/out/data.txt", fi, err, home)
+	}
+}

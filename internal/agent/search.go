@@ -243,7 +243,7 @@ func (s *Server) decodeSearch(w http.ResponseWriter, r *http.Request, req any, p
 	if *p == "" {
 		*p = "/"
 	}
-	root, _ := cleanPath(*p)
+	root, _ := cleanPath(*p, "/")
 	id, err := lookupIdentity(s.root, *user)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, errKindInvalid, "run_config.user: "+err.Error())

@@ -24,6 +24,16 @@ type identity struct {
 	change bool
 }
 
+// startDir is where id's commands start without a work_dir, and what a
+// relative file path resolves against: its home when that is a directory,
+// else "/".
+func (id identity) startDir() string {
+	if st, err := os.Stat(id.home); err == nil && st.IsDir() {
+		return filepath.Clean(id.home)
+	}
+	return "/"
+}
+
 // passwdEntry is one line of /etc/passwd.
 type passwdEntry struct {
 	name     string

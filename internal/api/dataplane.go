@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -362,8 +363,9 @@ func closeStatus(err error) websocket.StatusCode {
 	return websocket.StatusGoingAway
 }
 
-// filePath returns the ?path= parameter, required and absolute-ised. The
-// agent resolves it inside the sandbox's own root, so ".." cannot leave it.
+// filePath returns the ?path= parameter, required. The agent resolves it
+// inside the sandbox's own root, so ".." cannot leave it; a relative path
+// is resolved by inWorkDir.
 func filePath(r *http.Request) (string, error) {
 	p := r.URL.Query().Get("path")
 	if p == "" {
@@ -375,10 +377,22 @@ func filePath(r *http.Request) (string, error) {
 	return p, nil
 }
 
+// inWorkDir resolves a relative file path (`write("data.txt")`) where a
+// command without its own cwd starts: the sandbox's run_config.work_dir
+// (absolute) when set. Otherwise the path stays relative and the agent
+// resolves it against the run_config user's home, else "/", as it does a
+// command's start directory.
+func inWorkDir(rc protocol.RunConfig, p string) string {
+	if rc.WorkDir == "" || strings.HasPrefix(p, "/") {
+		return p
+	}
+	return path.Join(rc.WorkDir, p)
+}
+
 // upload streams the multipart part "file" into the sandbox (spec D3),
 // creating parent directories. The body is never held whole in memory.
 func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
-	path, err := filePath(r)
+	p, err := filePath(r)
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return
@@ -388,6 +402,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer dp.Release()
+	p = inWorkDir(dp.RunConfig, p)
 	var body io.Reader = r.Body
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); strings.HasPrefix(mt, "multipart/") {
 		mr, err := r.MultipartReader()
@@ -408,12 +423,12 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	cr := &countingReader{r: body}
-	if err := dp.Agent.WriteFile(r.Context(), dp.RunConfig.User, path, 0o644, cr); err != nil {
+	if err := dp.Agent.WriteFile(r.Context(), dp.RunConfig.User, p, 0o644, cr); err != nil {
 		writeAgentError(w, r, err)
 		return
 	}
-	s.recordFile(r.Context(), r.PathValue("id"), dp.WorkspaceID, protocol.EventFileUploaded, fileData{Path: path, Bytes: cr.n})
-	writeJSON(w, http.StatusOK, map[string]string{"path": path})
+	s.recordFile(r.Context(), r.PathValue("id"), dp.WorkspaceID, protocol.EventFileUploaded, fileData{Path: p, Bytes: cr.n})
+	writeJSON(w, http.StatusOK, map[string]string{"path": p})
 }
 
 // relayedFileHeaders are the response headers passed from the agent to the
@@ -423,7 +438,7 @@ var relayedFileHeaders = []string{"Content-Type", "Content-Length", "Content-Ran
 // download streams a file out of the sandbox (spec D4–D6). The agent serves
 // conditional and range requests; the daemon relays headers and bytes.
 func (s *Server) download(w http.ResponseWriter, r *http.Request) {
-	path, err := filePath(r)
+	p, err := filePath(r)
 	if err != nil {
 		writeError(r.Context(), w, err)
 		return
@@ -433,7 +448,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer dp.Release()
-	s.relayRecorded(w, r, r.PathValue("id"), dp, path, "api", nil)
+	s.relayRecorded(w, r, r.PathValue("id"), dp, inWorkDir(dp.RunConfig, p), "api", nil)
 }
 
 // relayFile streams path out of the sandbox behind dp. The agent serves

@@ -94,6 +94,27 @@ func TestLayerExec(t *testing.T) {
 	}
 }
 
+// TestInWorkDir: a relative file path resolves in the sandbox's
+// run_config.work_dir; absolute paths, and any path without a work_dir
+// (the agent resolves it in the user's home), pass unchanged.
+func TestInWorkDir(t *testing.T) {
+	srv := protocol.RunConfig{WorkDir: "/srv/app"}
+	for _, c := range []struct {
+		rc      protocol.RunConfig
+		in, out string
+	}{
+		{srv, "data.txt", "/srv/app/data.txt"},
+		{srv, "out/../out/x.json", "/srv/app/out/x.json"},
+		{srv, "../../../etc/passwd", "/etc/passwd"},
+		{srv, "/tmp/a", "/tmp/a"},
+		{protocol.RunConfig{}, "data.txt", "data.txt"},
+	} {
+		if got := inWorkDir(c.rc, c.in); got != c.out {
+			t.Errorf("inWorkDir(%q, %q) = %q, want %q", c.rc.WorkDir, c.in, got, c.out)
+		}
+	}
+}
+
 // TestMatchWriter: a search answer is valid JSON whether it has no match,
 // several, or was cut short.
 func TestMatchWriter(t *testing.T) {

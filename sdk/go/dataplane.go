@@ -35,10 +35,12 @@ func (c *Client) RunRequest(ctx context.Context, name string, req protocol.Execu
 	return &res, nil
 }
 
-// WriteFile writes everything r yields to path (absolute) in the sandbox,
-// replacing the file and creating missing parent directories. The body is
-// streamed as multipart/form-data through a pipe, so the file is never held
-// in memory whole. If r fails, the upload is aborted with r's error.
+// WriteFile writes everything r yields to path in the sandbox (a relative
+// path resolves where its commands start: run_config.work_dir, else the
+// user's home), replacing the file and creating missing parent
+// directories. The body is streamed as multipart/form-data through a pipe,
+// so the file is never held in memory whole. If r fails, the upload is
+// aborted with r's error.
 func (c *Client) WriteFile(ctx context.Context, name, path string, r io.Reader) error {
 	dp, err := c.dataplaneURL(ctx, name)
 	if err != nil {
@@ -103,9 +105,9 @@ func writeFilePart(mw *multipart.Writer, r io.Reader) error {
 	return mw.Close()
 }
 
-// ReadFile opens path (absolute) in the sandbox for reading. The caller must
-// close the returned reader. A missing file gives an error for which
-// IsNotFound is true.
+// ReadFile opens path (relative as for WriteFile) in the sandbox for
+// reading. The caller must close the returned reader. A missing file gives
+// an error for which IsNotFound is true.
 func (c *Client) ReadFile(ctx context.Context, name, path string) (io.ReadCloser, error) {
 	dp, err := c.dataplaneURL(ctx, name)
 	if err != nil {

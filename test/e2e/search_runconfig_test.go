@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -159,5 +160,56 @@ func TestRunConfigLayers(t *testing.T) {
 	resp, raw := p3Do(t, "POST", box.DataplaneURL+"/execute", map[string]any{"command": "true", "cwd": "/", "run_config": map[string]any{"user": "0"}}, nil)
 	if resp.StatusCode != 422 || !strings.Contains(string(raw), "run_config") {
 		t.Fatalf("run_config with cwd: %d %s", resp.StatusCode, raw)
+	}
+}
+
+// TestRelativeFilePaths: a relative file-API path (`write("data.txt")`,
+// `read("out/x.json")`) resolves where a command starts: the user's home
+// without a work_dir, the sandbox's run_config.work_dir with one; so a
+// command sees the file under the same relative name.
+func TestRelativeFilePaths(t *testing.T) {
+	testImage(t) // starts the shared registry
+	base := imagetest.BusyboxImage(t)
+	cf, err := base.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := cf.Config
+	cfg.WorkingDir = "" // commands start in the user's home
+	noWorkDir, err := mutate.Config(base, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := imagetest.Push(t, registryHost, "cubicle/noworkdir:e2e", noWorkDir)
+	d := startDaemon(t, "namespace", "")
+	sn := readySnapshot(t, d.Client, "relpaths", ref)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	roundTrip := func(name, rel, content string) {
+		t.Helper()
+		if err := d.Client.WriteFile(ctx, name, rel, strings.NewReader(content)); err != nil {
+			t.Fatalf("write %q: %v", rel, err)
+		}
+		rc, err := d.Client.ReadFile(ctx, name, rel)
+		if err != nil {
+			t.Fatalf("read %q: %v", rel, err)
+		}
+		defer rc.Close()
+		if b, err := io.ReadAll(rc); err != nil || string(b) != content {
+			t.Fatalf("read %q = %q, %v; want %q", rel, b, err, content)
+		}
+	}
+	home := newSandbox(t, d.Client, sn.ID, nil)
+	mustRun(t, d.Client, home.Name, "mkdir -p /root") // busybox has no home for root
+	roundTrip(home.Name, "data.txt", "in home\n")
+	if out := mustRun(t, d.Client, home.Name, "cat /root/data.txt && cat data.txt && pwd"); out != "in home\nin home\n/root\n" {
+		t.Fatalf("a relative upload without a work_dir: %q; want it in root's home, where commands start", out)
+	}
+	wd := newSandbox(t, d.Client, sn.ID, func(r *protocol.CreateSandboxRequest) {
+		r.RunConfig = &protocol.RunConfig{WorkDir: "/srv/app"}
+	})
+	roundTrip(wd.Name, "out/x.json", `{"ok":true}`)
+	if out := mustRun(t, d.Client, wd.Name, "cat /srv/app/out/x.json; echo; pwd"); out != "{\"ok\":true}\n/srv/app\n" {
+		t.Fatalf("a relative upload with work_dir /srv/app: %q", out)
 	}
 }

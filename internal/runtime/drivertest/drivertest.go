@@ -96,13 +96,16 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 		if err != nil || len(allowed) < 2 {
 			testenv.Skip(t, "needs a host with 2 or more CPUs (%v, %v)", allowed, err)
 		}
+		// /proc/cpuinfo agrees with nproc: readers of it (Python's
+		// os.cpu_count fallbacks, JVMs, build tools) size to it.
+		const count = "nproc; grep -c ^processor /proc/cpuinfo"
 		s := env.Start(t, newDriver(t), runtime.Limits{MilliCPUs: 1000}, nil)
-		if out := strings.TrimSpace(s.MustExec(t, "nproc")); out != "1" {
-			t.Fatalf("nproc in a 1-vCPU sandbox on a %d-CPU host: %q", len(allowed), out)
+		if out := s.MustExec(t, count); out != "1\n1\n" {
+			t.Fatalf("nproc and cpuinfo processors in a 1-vCPU sandbox on a %d-CPU host: %q", len(allowed), out)
 		}
 		all := env.Start(t, newDriver(t), runtime.Limits{MilliCPUs: int64(len(allowed)) * 1000}, nil)
-		if out := strings.TrimSpace(all.MustExec(t, "nproc")); out != strconv.Itoa(len(allowed)) {
-			t.Fatalf("nproc with every CPU: %q, want %d", out, len(allowed))
+		if n := strconv.Itoa(len(allowed)); all.MustExec(t, count) != n+"\n"+n+"\n" {
+			t.Fatalf("nproc and cpuinfo processors with every CPU: %q, want %s", all.MustExec(t, count), n)
 		}
 	})
 	t.Run("TokenHiddenInside", func(t *testing.T) { testTokenHidden(t, env, newDriver(t)) })

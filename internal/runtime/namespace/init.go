@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	goruntime "runtime"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -39,6 +40,9 @@ type initConfig struct {
 	// ShmBytes sizes /dev/shm (runtime.Limits.TmpfsBytes): its pages are
 	// charged to the sandbox's memory cgroup and no OOM kill frees them.
 	ShmBytes int64 `json:"shm_bytes"`
+	// CPUInfo, when set, is shown as /proc/cpuinfo (see cpuInfo): the
+	// stanzas of the CPUs the sandbox is pinned to.
+	CPUInfo string `json:"cpuinfo,omitempty"`
 }
 
 // Init is the entry point of the sandbox's PID 1 before it becomes the agent.
@@ -80,7 +84,7 @@ func runInit() error {
 			return fmt.Errorf("sethostname: %w", err)
 		}
 	}
-	if err := setupRoot(cfg.Mounts, cfg.SysFD, cfg.ShmBytes); err != nil {
+	if err := setupRoot(cfg); err != nil {
 		return err
 	}
 	if err := dropPrivileges(); err != nil {
@@ -111,13 +115,14 @@ func tokenStdin(token string) error {
 // setupRoot makes the idmapped rootfs the root, with fresh /proc, a minimal
 // /dev, read-only /sys and the daemon's bind mounts, and the host's tree
 // detached.
-func setupRoot(mounts []fdMount, sys int, shmBytes int64) error {
+func setupRoot(cfg initConfig) error {
+	mounts := cfg.Mounts
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
 	// proc must be made while the host's tree is still visible: the kernel
 	// refuses proc in a user namespace unless a full proc is visible.
-	proc, err := newFS("proc", "", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	proc, err := newFS("proc", nil, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
 		return err
 	}
@@ -152,10 +157,15 @@ func setupRoot(mounts []fdMount, sys int, shmBytes int64) error {
 	if err := attach(proc, "/proc", false); err != nil {
 		return err
 	}
-	if err := attach(sys, "/sys", false); err != nil {
+	if err := attach(cfg.SysFD, "/sys", false); err != nil {
 		return err
 	}
-	if err := setupDev(shmBytes); err != nil {
+	if cfg.CPUInfo != "" {
+		if err := maskFile("/proc/cpuinfo", cfg.CPUInfo); err != nil {
+			return err
+		}
+	}
+	if err := setupDev(cfg.ShmBytes); err != nil {
 		return err
 	}
 	for _, m := range mounts[1:] {
@@ -205,16 +215,53 @@ func setupDev(shmBytes int64) error {
 	return nil
 }
 
-// newFS creates a detached mount of a fresh filesystem.
-func newFS(fstype, source string, attrs int) (int, error) {
+// maskFile mounts a read-only file holding content over target (a file
+// of the sandbox's /proc). The file lives on a tmpfs of its own, sized to
+// it and charged to the sandbox, that is attached nowhere else: remounted
+// writable from inside, it could hold nothing of the host's.
+func maskFile(target, content string) error {
+	fs, err := newFS("tmpfs", map[string]string{"size": strconv.Itoa(len(content) + 4096), "mode": "0755"},
+		unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fs)
+	name := path.Base(target)
+	fd, err := unix.Openat(fs, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC, 0o444)
+	if err != nil {
+		return fmt.Errorf("mask %s: %w", target, err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	_, err = f.WriteString(content)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("mask %s: %w", target, err)
+	}
+	file, err := unix.OpenTree(fs, name, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("mask %s: open_tree: %w", target, err)
+	}
+	defer unix.Close(file)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}
+	if err := unix.MountSetattr(file, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("mask %s: mount_setattr: %w", target, err)
+	}
+	return attach(file, target, true)
+}
+
+// newFS creates a detached mount of a fresh filesystem configured with
+// config (e.g. source, size).
+func newFS(fstype string, config map[string]string, attrs int) (int, error) {
 	fs, err := unix.Fsopen(fstype, unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("fsopen %s: %w", fstype, err)
 	}
 	defer unix.Close(fs)
-	if source != "" {
-		if err := unix.FsconfigSetString(fs, "source", source); err != nil {
-			return -1, fmt.Errorf("%s source: %w", fstype, err)
+	for k, v := range config {
+		if err := unix.FsconfigSetString(fs, k, v); err != nil {
+			return -1, fmt.Errorf("%s %s: %w", fstype, k, err)
 		}
 	}
 	if err := unix.FsconfigCreate(fs); err != nil {

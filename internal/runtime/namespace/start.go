@@ -95,7 +95,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := cg.add(pid); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	if err := pinCPUs(pid, spec); err != nil {
+	if cfg.CPUInfo, err = pinCPUs(pid, spec); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	if err := json.NewEncoder(pipes.config).Encode(cfg); err != nil {
@@ -184,7 +184,7 @@ func (d *Driver) spawn(spec runtime.Spec, mounts []*os.File, owner int) (*exec.C
 	// sysfs shows the network devices of the netns it is mounted from, so
 	// it is made here, on the thread that joined the sandbox's netns.
 	sysfs := func() error {
-		fd, err := newFS("sysfs", "sysfs", unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+		fd, err := newFS("sysfs", map[string]string{"source": "sysfs"}, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 		if err != nil {
 			return err
 		}
@@ -309,21 +309,31 @@ func procStat(pid int) (uint64, bool, error) {
 // The thread of tid pid is the one that execs the agent. Unlike a cpuset
 // cgroup, a process may widen its own affinity again: that changes what
 // it is told, not what it gets (the CFS quota bounds its CPU time).
-func pinCPUs(pid int, spec runtime.Spec) error {
+// It returns the /proc/cpuinfo of those CPUs for init to show, or "" when
+// the sandbox runs on every CPU.
+func pinCPUs(pid int, spec runtime.Spec) (string, error) {
 	allowed, err := runtime.AllowedCPUs()
 	if err != nil {
-		return fmt.Errorf("read CPU affinity: %w", err)
+		return "", fmt.Errorf("read CPU affinity: %w", err)
 	}
 	cpus := runtime.CPUs(spec.ID, spec.Limits, allowed)
 	if cpus == nil {
-		return nil
+		return "", nil
+	}
+	host, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return "", err
+	}
+	info, err := cpuInfo(host, cpus)
+	if err != nil {
+		return "", err
 	}
 	var set unix.CPUSet
 	for _, c := range cpus {
 		set.Set(c)
 	}
 	if err := unix.SchedSetaffinity(pid, &set); err != nil {
-		return fmt.Errorf("pin to CPUs %v: %w", cpus, err)
+		return "", fmt.Errorf("pin to CPUs %v: %w", cpus, err)
 	}
-	return nil
+	return string(info), nil
 }
