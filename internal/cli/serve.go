@@ -85,24 +85,33 @@ func (f serveFlags) imageLimits() (image.Limits, error) {
 	return l, nil
 }
 
+// spaceGuardInterval is how often sandboxes' write limits are fitted to
+// the store's free space (and at once after each boot's Limit).
+const spaceGuardInterval = 2 * time.Second
+
 // healthChecks are the parts /healthz probes: the database, the CoW store's
 // space and writability, the runtime (when its driver can tell) and the
 // egress proxy. The proxy is not critical: sandboxes without egress rules
 // still work without it.
-func healthChecks(f serveFlags, st *store.SQLite, cow *storage.CoW, driver runtime.Driver, egress *proxy.Service) (*health.Checker, error) {
-	reserve, err := humanize.ParseBytes(f.storeReserve)
-	if err != nil || reserve > math.MaxInt64 {
-		return nil, fmt.Errorf("--store-reserve %q: want a size such as 1GiB, or 0", f.storeReserve)
-	}
+func healthChecks(reserve int64, st *store.SQLite, cow *storage.CoW, driver runtime.Driver, egress *proxy.Service) *health.Checker {
 	checks := []health.Check{
 		{Name: "database", Critical: true, Probe: st.Ping},
-		{Name: "store", Critical: true, Probe: cow.Check(int64(reserve))},
+		{Name: "store", Critical: true, Probe: cow.Check(reserve)},
 		{Name: "egress_proxy", Probe: egress.Probe},
 	}
 	if p, ok := driver.(runtime.Prober); ok {
 		checks = append(checks, health.Check{Name: "runtime", Critical: true, Probe: p.Probe})
 	}
-	return health.New(checks...), nil
+	return health.New(checks...)
+}
+
+// storeReserveBytes parses --store-reserve.
+func (f serveFlags) storeReserveBytes() (int64, error) {
+	n, err := humanize.ParseBytes(f.storeReserve)
+	if err != nil || n > math.MaxInt64 {
+		return 0, fmt.Errorf("--store-reserve %q: want a size such as 1GiB, or 0", f.storeReserve)
+	}
+	return int64(n), nil
 }
 
 func newServeCmd() *cobra.Command {
@@ -221,6 +230,13 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	reserve, err := f.storeReserveBytes()
+	if err != nil {
+		return err
+	}
+	if guard := overlays.Guard(reserve, log); guard != nil {
+		go guard.Run(ctx, spaceGuardInterval)
+	}
 	netmgr, err := network.New(ctx, network.Config{StateDir: filepath.Join(f.dataDir, "network"), Pool: network.DefaultPool()}, network.WithLogger(log))
 	if err != nil {
 		return err
@@ -320,10 +336,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	defer access.Close()
 	ident := identity.New(st, authn, access)
 	ident.CutSessionsWith(mgr.CutPrincipals) // a revoked key's open streams end at once
-	checks, err := healthChecks(f, st, cow, driver, egress)
-	if err != nil {
-		return err
-	}
+	checks := healthChecks(reserve, st, cow, driver, egress)
 	tel.WatchHealth(checks, cow.Space)
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithJWKS(idSigner), api.WithExecOutputLimit(f.execOutputLimit),
 		api.WithIdentity(ident), api.WithAccessLog(access), api.WithTelemetry(tel),

@@ -178,6 +178,23 @@ func qgroupExclusive(ctx context.Context, root string) (map[uint64]int64, error)
 	if err != nil {
 		return nil, fmt.Errorf("sync %s: %w", root, err)
 	}
+	counts, err := qgroupCounts(ctx, root)
+	if err != nil {
+		return nil, err
+	}
+	res := make(map[uint64]int64, len(counts))
+	for id, c := range counts {
+		res[id] = c.excl
+	}
+	return res, nil
+}
+
+// qgroupCount is one level-0 qgroup's referenced and exclusive bytes.
+type qgroupCount struct{ rfer, excl int64 }
+
+// qgroupCounts returns the counts of every level-0 qgroup of the
+// filesystem at root as of its last transaction commit.
+func qgroupCounts(ctx context.Context, root string) (map[uint64]qgroupCount, error) {
 	out, err := btrfsCmd(ctx, "qgroup", "show", "--raw", root)
 	if err != nil {
 		return nil, err
@@ -187,8 +204,8 @@ func qgroupExclusive(ctx context.Context, root string) (map[uint64]int64, error)
 
 // parseQgroupShow parses `btrfs qgroup show --raw` output: lines of
 // "0/<subvolid> <referenced> <exclusive> ...".
-func parseQgroupShow(out []byte) map[uint64]int64 {
-	res := map[uint64]int64{}
+func parseQgroupShow(out []byte) map[uint64]qgroupCount {
+	res := map[uint64]qgroupCount{}
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
@@ -196,9 +213,10 @@ func parseQgroupShow(out []byte) map[uint64]int64 {
 			continue
 		}
 		id, err1 := strconv.ParseUint(strings.TrimPrefix(f[0], "0/"), 10, 64)
-		excl, err2 := strconv.ParseInt(f[2], 10, 64)
-		if err1 == nil && err2 == nil {
-			res[id] = excl
+		rfer, err2 := strconv.ParseInt(f[1], 10, 64)
+		excl, err3 := strconv.ParseInt(f[2], 10, 64)
+		if err1 == nil && err2 == nil && err3 == nil {
+			res[id] = qgroupCount{rfer, excl}
 		}
 	}
 	return res

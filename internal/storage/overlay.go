@@ -33,6 +33,8 @@ import (
 type Overlays struct {
 	root string
 	cow  *CoW
+	// guard, when set (Guard), caps volumes when the store runs low.
+	guard *SpaceGuard
 }
 
 // Option configures New.

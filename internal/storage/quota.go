@@ -31,22 +31,44 @@ type btrfsQgroupLimitArgs struct {
 // fails with EDQUOT inside the sandbox. It sets the btrfs qgroup limit of
 // the sandbox's subvolume (quotas are enabled on the CoW store); on the copy
 // backend, or for a sandbox from before the CoW store, it reports
-// enforced=false and does nothing.
+// enforced=false and does nothing. With a space guard (Guard), the
+// capacity is also recorded for it, and it may lower the limit while the
+// store is short of space.
 func (o *Overlays) Limit(ctx context.Context, id string, bytes int64) (enforced bool, err error) {
 	vol := o.volume(id)
 	if !o.cow.btrfs() || !isSubvolume(vol) || bytes <= 0 {
 		return false, nil
 	}
-	fd, err := unix.Open(vol, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return false, fmt.Errorf("limit volume of %s: %w", id, err)
-	}
-	defer unix.Close(fd)
-	args := btrfsQgroupLimitArgs{flags: btrfsQgroupLimitMaxRfer, maxRfer: uint64(bytes)}
-	if err := ioctl(fd, btrfsIocQgroupLimit, unsafe.Pointer(&args)); err != nil {
+	if err := o.cow.setQgroupLimit(vol, bytes); err != nil {
 		return false, fmt.Errorf("limit volume of %s to %d bytes: %w", id, bytes, err)
 	}
+	if o.guard != nil {
+		if err := writeCapacity(vol, bytes); err != nil {
+			return false, fmt.Errorf("record capacity of %s: %w", id, err)
+		}
+		o.guard.forget(id)
+		o.guard.poke()
+	}
 	return true, nil
+}
+
+// setQgroupLimit sets the referenced-bytes limit of the subvolume at vol.
+// The ioctl goes through the store's root, naming the subvolume's qgroup:
+// through the subvolume itself, its transaction would reserve metadata
+// against that very qgroup and fail with EDQUOT once the subvolume is at
+// its limit — exactly when the space guard must raise it again.
+func (c *CoW) setQgroupLimit(vol string, bytes int64) error {
+	id, err := btrfsRootID(vol)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.Open(c.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	args := btrfsQgroupLimitArgs{qgroupid: id, flags: btrfsQgroupLimitMaxRfer, maxRfer: uint64(bytes)}
+	return ioctl(fd, btrfsIocQgroupLimit, unsafe.Pointer(&args))
 }
 
 // The kernel's struct is 48 bytes; these fail to compile otherwise.
