@@ -223,6 +223,19 @@ var migrations = []string{
 	ALTER TABLE snapshots ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
 	ALTER TABLE snapshots ADD COLUMN tag TEXT NOT NULL DEFAULT '';
 	CREATE UNIQUE INDEX IF NOT EXISTS snapshots_tag ON snapshots(workspace_id, name, tag) WHERE tag <> '';`,
+	// 12: the Dockerfile build step cache: one layer per (workspace, step
+	// key), pruned least recently used first.
+	`CREATE TABLE IF NOT EXISTS build_cache (
+		workspace_id TEXT NOT NULL,
+		cache_key TEXT NOT NULL,
+		layer_id TEXT NOT NULL,
+		layer TEXT NOT NULL,
+		size_bytes INTEGER NOT NULL,
+		created_at TEXT NOT NULL,
+		used_at TEXT NOT NULL,
+		PRIMARY KEY (workspace_id, cache_key)
+	) WITHOUT ROWID;
+	CREATE INDEX IF NOT EXISTS build_cache_used ON build_cache(workspace_id, used_at);`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.

@@ -329,6 +329,18 @@ type Store interface {
 	// LayersInUse lists the layer directories any snapshot stacks.
 	LayersInUse(ctx context.Context) ([]string, error)
 
+	// GetBuildCache returns workspaceID's step result under key and marks
+	// it used now.
+	GetBuildCache(ctx context.Context, workspaceID, key string) (*BuildCacheEntry, error)
+	// PutBuildCache records e; an entry already under e's key is kept
+	// under a retired key (never matched, pruned like any other), since
+	// snapshots may stack its layer.
+	PutBuildCache(ctx context.Context, e *BuildCacheEntry) error
+	// ListBuildCache lists workspaceID's entries, least recently used first.
+	ListBuildCache(ctx context.Context, workspaceID string) ([]*BuildCacheEntry, error)
+	// DeleteBuildCache removes workspaceID's entry under key.
+	DeleteBuildCache(ctx context.Context, workspaceID, key string) error
+
 	CreateSandbox(ctx context.Context, s *Sandbox) error
 	UpdateSandbox(ctx context.Context, s *Sandbox) error
 	GetSandbox(ctx context.Context, workspaceID, name string) (*Sandbox, error)
