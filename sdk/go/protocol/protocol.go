@@ -153,6 +153,22 @@ type CreateSnapshotRequest struct {
 	Labels map[string]string `json:"labels,omitempty"`
 }
 
+// BuildSnapshotRequest is a Dockerfile build (a Cubicle extension): POST
+// /snapshots with a build context as the body — a tar with Content-Type
+// application/x-tar, these fields as query parameters (build_arg=K=V,
+// repeated, for BuildArgs), or multipart/form-data with these fields as
+// form fields and the tar as the file field "context". The context's
+// .dockerignore applies; Dockerfile, when empty, is the context's own.
+type BuildSnapshotRequest struct {
+	Name            string            `json:"name"`
+	Tag             string            `json:"tag,omitempty"`
+	Dockerfile      string            `json:"dockerfile,omitempty"`
+	BuildArgs       map[string]string `json:"build_args,omitempty"`
+	Target          string            `json:"target,omitempty"`
+	NoCache         bool              `json:"no_cache,omitempty"`
+	FSCapacityBytes int64             `json:"fs_capacity_bytes,omitempty"`
+}
+
 // CreateSandboxRequest is the body of POST /boxes (spec B1). Pointers mark
 // fields whose absence differs from their zero value.
 type CreateSandboxRequest struct {
