@@ -59,6 +59,7 @@ type serveFlags struct {
 	conns              api.ConnLimits
 	imageMaxBytes      string
 	layerMaxBytes      string
+	buildCacheBytes    string
 	metricsListen      string
 	rateLimit          api.RateLimit
 }
@@ -70,16 +71,25 @@ func (f serveFlags) imageLimits() (image.Limits, error) {
 		flag, val string
 		dst       *int64
 	}{{"--image-max-bytes", f.imageMaxBytes, &l.ImageBytes}, {"--image-layer-max-bytes", f.layerMaxBytes, &l.LayerBytes}} {
-		if v.val == "" {
-			continue
+		n, err := parseSize(v.flag, v.val)
+		if err != nil {
+			return l, err
 		}
-		n, err := humanize.ParseBytes(v.val)
-		if err != nil || n == 0 || n > math.MaxInt64 {
-			return l, fmt.Errorf("%s %q: want a positive size such as 512MiB", v.flag, v.val)
-		}
-		*v.dst = int64(n)
+		*v.dst = n
 	}
 	return l, nil
+}
+
+// parseSize parses a size flag such as 512MiB ("" is 0: the default).
+func parseSize(flag, val string) (int64, error) {
+	if val == "" {
+		return 0, nil
+	}
+	n, err := humanize.ParseBytes(val)
+	if err != nil || n == 0 || n > math.MaxInt64 {
+		return 0, fmt.Errorf("%s %q: want a positive size such as 512MiB", flag, val)
+	}
+	return int64(n), nil
 }
 
 func newServeCmd() *cobra.Command {
@@ -116,6 +126,7 @@ func newServeCmd() *cobra.Command {
 	fl.StringSliceVar(&f.insecureRegistries, "insecure-registry", nil, "HOST[:PORT] of a registry reached over plain HTTP (repeatable)")
 	fl.StringVar(&f.imageMaxBytes, "image-max-bytes", "", "cap on what one image pull or load unpacks to, e.g. 20GiB (default: half the image store's free space at pull time)")
 	fl.StringVar(&f.layerMaxBytes, "image-layer-max-bytes", "", "cap on one unpacked image layer (default: the image cap)")
+	fl.StringVar(&f.buildCacheBytes, "build-cache-size", "", "Dockerfile step cache kept per workspace, least recently used pruned past it, e.g. 20GiB (default 10GiB)")
 	fl.BoolVar(&f.debug, "debug", false, "log every request")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "",
 		"also serve /metrics here without authentication, for a private scrape network (the API's /metrics needs an admin key)")
@@ -257,9 +268,13 @@ func serve(ctx context.Context, f serveFlags) error {
 	defer egress.Close()
 	flowsDone := watchFlows(ctx, netmgr, egress, log)
 	defer flowsDone()
+	buildCache, err := parseSize("--build-cache-size", f.buildCacheBytes)
+	if err != nil {
+		return err
+	}
 	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
 		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Observer: tel,
-		Recorder: rec})
+		Recorder: rec, BuildDir: filepath.Join(f.dataDir, "builds"), BuildCacheBytes: buildCache})
 	if err != nil {
 		return err
 	}
