@@ -54,6 +54,9 @@ func (m *Manager) BuildSnapshot(ctx context.Context, req protocol.BuildSnapshotR
 		return nil, err
 	}
 	fsBytes := req.FSCapacityBytes
+	if fsBytes == 0 {
+		fsBytes = m.cfg.Limits.DefaultFSBytes
+	}
 	if err := validateSize("fs_capacity_bytes", &fsBytes, m.cfg.Limits.MaxFSBytes); err != nil {
 		return nil, err
 	}
@@ -87,7 +90,7 @@ func (m *Manager) BuildSnapshot(ctx context.Context, req protocol.BuildSnapshotR
 	now := time.Now().UTC()
 	sn := &store.Snapshot{
 		ID: uuid.NewString(), WorkspaceID: p.WorkspaceID, CreatedBy: p.User, Name: req.Name, Tag: tag,
-		Status: protocol.SnapshotBuilding, FSCapacityBytes: req.FSCapacityBytes, CreatedAt: now, UpdatedAt: now,
+		Status: protocol.SnapshotBuilding, FSCapacityBytes: fsBytes, CreatedAt: now, UpdatedAt: now,
 	}
 	if err := m.quota.admit(ctx, sn.WorkspaceID, snapshotClaim, func() error {
 		return m.cfg.Store.CreateSnapshot(ctx, sn)

@@ -382,8 +382,8 @@ func (s *SQLite) UpdateSnapshot(ctx context.Context, sn *Snapshot) error {
 		if err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE snapshots SET name=?, status=?, status_message=?, image_digest=?, run_config='{}', run_config_id=?, layers=?, updated_at=? WHERE id=?`,
-			sn.Name, sn.Status, sn.StatusMessage, sn.ImageDigest, rcID, string(layers), fmtTime(sn.UpdatedAt), sn.ID)
+		res, err := tx.ExecContext(ctx, `UPDATE snapshots SET name=?, status=?, status_message=?, docker_image=?, image_digest=?, run_config='{}', run_config_id=?, layers=?, labels=?, updated_at=? WHERE id=?`,
+			sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest, rcID, string(layers), labelsJSON(sn.Labels), fmtTime(sn.UpdatedAt), sn.ID)
 		if err != nil {
 			return fmt.Errorf("update snapshot %s: %w", sn.ID, err)
 		}

@@ -329,3 +329,25 @@ func TestBuildCache(t *testing.T) {
 		t.Fatalf("after delete: %d entries", len(list))
 	}
 }
+
+// TestUpdateSnapshotBuildResult checks an update records what a
+// Dockerfile build learns only at its end: the base image and the labels.
+func TestUpdateSnapshotBuildResult(t *testing.T) {
+	ctx := context.Background()
+	st := openTest(t, filepath.Join(t.TempDir(), "c.db"))
+	if err := st.EnsureWorkspace(ctx, Workspace{ID: "w", Name: "w", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	sn := &Snapshot{ID: "s1", WorkspaceID: "w", CreatedBy: "u", Name: "app", Status: protocol.SnapshotBuilding, CreatedAt: time.Now(), UpdatedAt: time.Now()}
+	if err := st.CreateSnapshot(ctx, sn); err != nil {
+		t.Fatal(err)
+	}
+	sn.Status, sn.DockerImage, sn.Labels, sn.Layers = protocol.SnapshotReady, "busybox", map[string]string{"team": "core"}, []string{"/l"}
+	if err := st.UpdateSnapshot(ctx, sn); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.GetSnapshot(ctx, "w", "s1")
+	if err != nil || got.DockerImage != "busybox" || got.Labels["team"] != "core" || got.Status != protocol.SnapshotReady {
+		t.Fatalf("after update: %+v, %v", got, err)
+	}
+}

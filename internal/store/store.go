@@ -315,6 +315,8 @@ type Store interface {
 	ListAccess(ctx context.Context, q AccessQuery) ([]AccessRecord, error)
 
 	CreateSnapshot(ctx context.Context, s *Snapshot) error
+	// UpdateSnapshot records a build's outcome: name, status, docker
+	// image, digest, run config, layers and labels.
 	UpdateSnapshot(ctx context.Context, s *Snapshot) error
 	GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error)
 	// SnapshotByName returns snapshot name:tag of workspaceID; tag "" or
