@@ -130,7 +130,7 @@ func (m *Manager) runBuild(ctx context.Context, sn *store.Snapshot, plan *build.
 	} else {
 		sn.Status, sn.Layers, sn.RunConfig, sn.DockerImage = protocol.SnapshotReady, res.Layers, res.Config, res.BaseRef
 		sn.Labels = m.builtLabels(res.Labels, log)
-		sn.StatusMessage = fmt.Sprintf("built %d layer steps (%d cached) in %.2fs", res.Steps, res.Cached, time.Since(start).Seconds())
+		sn.StatusMessage = fmt.Sprintf("built %d layer steps (%d cached) in %.3fs", res.Steps, res.Cached, time.Since(start).Seconds())
 		fmt.Fprintf(log, "DONE %s\n", sn.StatusMessage)
 	}
 	octx, cancel := outcomeContext(ctx)
@@ -222,23 +222,17 @@ func (b *buildLogs) add(id string, l *build.Log) {
 func (b *buildLogs) get(id string) *build.Log { return b.byID[id] }
 
 // pruneBuildCache drops workspace ws's least recently used step results
-// until what it keeps is under Config.BuildCacheBytes. A layer a snapshot
-// stacks is never deleted (its entry stays, and is pruned once unused).
-// It waits for builds in flight, which may be about to record a layer
-// they took from the cache.
+// until the layers only the cache holds fit in Config.BuildCacheBytes. A
+// layer a snapshot stacks is never deleted, and does not count: the
+// snapshot needs it anyway (its entry stays, pruned once unused). It
+// waits for builds in flight, which may be about to record a layer they
+// took from the cache.
 func (m *Manager) pruneBuildCache(ctx context.Context, ws string) error {
 	m.buildGate.Lock()
 	defer m.buildGate.Unlock()
 	entries, err := m.cfg.Store.ListBuildCache(ctx, ws)
 	if err != nil {
 		return err
-	}
-	var total int64
-	for _, e := range entries {
-		total += e.SizeBytes
-	}
-	if total <= m.cfg.BuildCacheBytes {
-		return nil
 	}
 	used, err := m.cfg.Store.LayersInUse(ctx)
 	if err != nil {
@@ -247,6 +241,12 @@ func (m *Manager) pruneBuildCache(ctx context.Context, ws string) error {
 	inUse := map[string]bool{}
 	for _, l := range used {
 		inUse[l] = true
+	}
+	var total int64
+	for _, e := range entries {
+		if !inUse[e.Layer] {
+			total += e.SizeBytes
+		}
 	}
 	var errs []error
 	for _, e := range entries {

@@ -91,7 +91,8 @@ type Config struct {
 	BuildDir string
 	// BuildCacheBytes is the step cache each workspace keeps (default
 	// DefaultBuildCacheBytes); past it, the least recently used results
-	// no snapshot stacks are pruned after each build.
+	// no snapshot stacks are pruned after each build (layers a snapshot
+	// stacks do not count).
 	BuildCacheBytes int64
 }
 
