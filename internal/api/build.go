@@ -97,6 +97,10 @@ func buildFields(v url.Values) (protocol.BuildSnapshotRequest, error) {
 			req.Dockerfile = one
 		case "target":
 			req.Target = one
+		case "start_cmd":
+			req.StartCmd = one
+		case "ready_cmd":
+			req.ReadyCmd = one
 		case "no_cache":
 			b, err := strconv.ParseBool(one)
 			if err != nil {

@@ -98,6 +98,16 @@ type Result struct {
 	releases      []func()
 }
 
+// StartCommand is the shell command ENTRYPOINT and CMD give ("" for
+// none): CMD's argv after ENTRYPOINT's, as Docker runs them.
+func (r *Result) StartCommand() string {
+	argv := append(slices.Clone(r.Entrypoint), r.Cmd...)
+	if len(argv) == 0 {
+		return ""
+	}
+	return quoteArgv(argv)
+}
+
 // Release lets go of every base the build resolved.
 func (r *Result) Release() {
 	for _, f := range r.releases {

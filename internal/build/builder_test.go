@@ -148,8 +148,8 @@ func TestBuildStepsAndRunConfig(t *testing.T) {
 	if res.Config.User != "1000" || res.Config.EnvVars["MODE"] != "prod" || res.Labels["team"] != "core" {
 		t.Fatalf("result config %+v labels %v", res.Config, res.Labels)
 	}
-	if strings.Join(res.Cmd, " ") != "app --serve" || res.BaseRef != "busybox" {
-		t.Fatalf("cmd %q base %q", res.Cmd, res.BaseRef)
+	if res.StartCommand() != "exec 'app' '--serve'" || res.BaseRef != "busybox" {
+		t.Fatalf("start command %q base %q", res.StartCommand(), res.BaseRef)
 	}
 	if len(res.Layers) != 3 || res.Layers[0] != "/base/busybox" {
 		t.Fatalf("layers %v", res.Layers)
@@ -254,5 +254,24 @@ func TestExtractContextDockerignore(t *testing.T) {
 	}
 	if _, err := ExtractContext(t.TempDir(), bytes.NewReader(make([]byte, 4096)), 100); err == nil {
 		t.Error("an oversize context was accepted")
+	}
+}
+
+// TestStartCommand checks ENTRYPOINT and CMD combine as Docker runs them:
+// CMD's argv after ENTRYPOINT's; the shell form runs in the SHELL.
+func TestStartCommand(t *testing.T) {
+	for df, want := range map[string]string{
+		"FROM b\nENTRYPOINT [\"srv\", \"-v\"]\nCMD [\"--port\", \"80\"]\n": "exec 'srv' '-v' '--port' '80'",
+		"FROM b\nCMD python -m http.server\n":                              "exec '/bin/sh' '-c' 'python -m http.server'",
+		"FROM b\nSHELL [\"/bin/bash\", \"-c\"]\nCMD echo it's\n":           `exec '/bin/bash' '-c' 'echo it'\''s'`,
+		"FROM b\nRUN true\n": "",
+	} {
+		res, log, err := build(t, &fakeWorker{t: t}, mapCache{}, df, t.TempDir(), Options{})
+		if err != nil {
+			t.Fatalf("%q: %v\n%s", df, err, log)
+		}
+		if got := res.StartCommand(); got != want {
+			t.Errorf("%q: start command %q, want %q", df, got, want)
+		}
 	}
 }

@@ -91,6 +91,7 @@ func (m *Manager) BuildSnapshot(ctx context.Context, req protocol.BuildSnapshotR
 	sn := &store.Snapshot{
 		ID: uuid.NewString(), WorkspaceID: p.WorkspaceID, CreatedBy: p.User, Name: req.Name, Tag: tag,
 		Status: protocol.SnapshotBuilding, FSCapacityBytes: fsBytes, CreatedAt: now, UpdatedAt: now,
+		StartCmd: req.StartCmd, ReadyCmd: req.ReadyCmd,
 	}
 	if err := m.quota.admit(ctx, sn.WorkspaceID, snapshotClaim, func() error {
 		return m.cfg.Store.CreateSnapshot(ctx, sn)
@@ -130,6 +131,9 @@ func (m *Manager) runBuild(ctx context.Context, sn *store.Snapshot, plan *build.
 	} else {
 		sn.Status, sn.Layers, sn.RunConfig, sn.DockerImage = protocol.SnapshotReady, res.Layers, res.Config, res.BaseRef
 		sn.Labels = m.builtLabels(res.Labels, log)
+		if sn.StartCmd == "" {
+			sn.StartCmd = res.StartCommand()
+		}
 		sn.StatusMessage = fmt.Sprintf("built %d layer steps (%d cached) in %.3fs", res.Steps, res.Cached, time.Since(start).Seconds())
 		fmt.Fprintf(log, "DONE %s\n", sn.StatusMessage)
 	}

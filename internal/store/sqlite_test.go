@@ -331,7 +331,8 @@ func TestBuildCache(t *testing.T) {
 }
 
 // TestUpdateSnapshotBuildResult checks an update records what a
-// Dockerfile build learns only at its end: the base image and the labels.
+// Dockerfile build learns only at its end: the base image, the labels and
+// the start command.
 func TestUpdateSnapshotBuildResult(t *testing.T) {
 	ctx := context.Background()
 	st := openTest(t, filepath.Join(t.TempDir(), "c.db"))
@@ -343,11 +344,13 @@ func TestUpdateSnapshotBuildResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	sn.Status, sn.DockerImage, sn.Labels, sn.Layers = protocol.SnapshotReady, "busybox", map[string]string{"team": "core"}, []string{"/l"}
+	sn.StartCmd, sn.ReadyCmd = "exec server", "test -e /ready"
 	if err := st.UpdateSnapshot(ctx, sn); err != nil {
 		t.Fatal(err)
 	}
 	got, err := st.GetSnapshot(ctx, "w", "s1")
-	if err != nil || got.DockerImage != "busybox" || got.Labels["team"] != "core" || got.Status != protocol.SnapshotReady {
+	if err != nil || got.DockerImage != "busybox" || got.Labels["team"] != "core" || got.Status != protocol.SnapshotReady ||
+		got.StartCmd != "exec server" || got.ReadyCmd != "test -e /ready" {
 		t.Fatalf("after update: %+v, %v", got, err)
 	}
 }

@@ -131,6 +131,11 @@ type Snapshot struct {
 	// the snapshot (every branch of a fork) inherit it unless their create
 	// request gives their own. It may hold opaque values: never echoed.
 	ProxyConfig []byte
+	// StartCmd is a shell command started in the background at every
+	// cold boot of a sandbox from the snapshot (a Dockerfile's
+	// ENTRYPOINT/CMD); ReadyCmd, when set, must then exit 0 before the
+	// sandbox is ready. "" is none.
+	StartCmd, ReadyCmd string
 	// Tag is the snapshot's Docker-style tag under Name: at most one
 	// snapshot of a workspace holds a (Name, Tag), and "" is untagged.
 	Tag string
@@ -316,7 +321,7 @@ type Store interface {
 
 	CreateSnapshot(ctx context.Context, s *Snapshot) error
 	// UpdateSnapshot records a build's outcome: name, status, docker
-	// image, digest, run config, layers and labels.
+	// image, digest, run config, layers, labels and start command.
 	UpdateSnapshot(ctx context.Context, s *Snapshot) error
 	GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error)
 	// SnapshotByName returns snapshot name:tag of workspaceID; tag "" or

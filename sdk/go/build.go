@@ -21,7 +21,8 @@ import (
 // step's output and exit code in its status_message.
 func (c *Client) BuildSnapshot(ctx context.Context, req protocol.BuildSnapshotRequest, contextTar io.Reader) (*protocol.Snapshot, error) {
 	q := url.Values{"name": {req.Name}}
-	for k, v := range map[string]string{"tag": req.Tag, "dockerfile": req.Dockerfile, "target": req.Target} {
+	for k, v := range map[string]string{"tag": req.Tag, "dockerfile": req.Dockerfile, "target": req.Target,
+		"start_cmd": req.StartCmd, "ready_cmd": req.ReadyCmd} {
 		if v != "" {
 			q.Set(k, v)
 		}

@@ -196,3 +196,38 @@ func TestDockerfileBuild(t *testing.T) {
 		}
 	}
 }
+
+// TestDockerfileStartCommand checks a built snapshot's CMD runs at every
+// boot, detached, and that a sandbox turns ready only once ready_cmd
+// passes.
+func TestDockerfileStartCommand(t *testing.T) {
+	ref := testImage(t)
+	d := startDaemon(t, "gvisor", "")
+	c := d.Client
+	df := "FROM " + ref + "\nWORKDIR /srv\nCMD [\"sh\", \"-c\", \"echo x >> /srv/starts; sleep 1; echo up > /tmp/up; exec sleep 3600\"]\n"
+	b := buildSnapshot(t, c, protocol.BuildSnapshotRequest{Name: "server", Dockerfile: df, ReadyCmd: "test -e /tmp/up"}, t.TempDir())
+	if b.err != nil {
+		t.Fatalf("build: %v\n%s", b.err, b.log)
+	}
+	if b.sn.StartCmd == "" || b.sn.ReadyCmd != "test -e /tmp/up" {
+		t.Fatalf("start_cmd %q ready_cmd %q", b.sn.StartCmd, b.sn.ReadyCmd)
+	}
+	t0 := time.Now()
+	sb := newSandbox(t, c, b.sn.ID, nil)
+	if waited := time.Since(t0); waited < time.Second {
+		t.Fatalf("sandbox ready after %v, before the probe could pass", waited)
+	}
+	if out := mustRun(t, c, sb.Name, "cat /tmp/up /srv/starts; ps | grep -c '[s]leep 3600'"); out != "up\nx\n1\n" {
+		t.Fatalf("after boot: %q", out)
+	}
+	ctx := context.Background()
+	if err := c.StopSandbox(ctx, sb.Name); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.StartSandbox(ctx, sb.Name); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustRun(t, c, sb.Name, "wc -l < /srv/starts; ps | grep -c '[s]leep 3600'"); strings.Fields(out)[0] != "2" || !strings.HasSuffix(out, "1\n") {
+		t.Fatalf("after a restart: %q", out)
+	}
+}

@@ -91,6 +91,11 @@ type Snapshot struct {
 	// Labels are key/value metadata; sandboxes created from the snapshot
 	// inherit them.
 	Labels map[string]string `json:"labels"`
+	// StartCmd (a Cubicle extension) is a shell command started in the
+	// background at every cold boot of a sandbox from the snapshot; with
+	// ReadyCmd, the sandbox is ready only once ReadyCmd exits 0.
+	StartCmd string `json:"start_cmd,omitempty"`
+	ReadyCmd string `json:"ready_cmd,omitempty"`
 }
 
 // SnapshotTag is one tag published under a snapshot name.
@@ -167,6 +172,10 @@ type BuildSnapshotRequest struct {
 	Target          string            `json:"target,omitempty"`
 	NoCache         bool              `json:"no_cache,omitempty"`
 	FSCapacityBytes int64             `json:"fs_capacity_bytes,omitempty"`
+	// StartCmd overrides the start command the Dockerfile's ENTRYPOINT
+	// and CMD give; ReadyCmd is its readiness probe (see Snapshot).
+	StartCmd string `json:"start_cmd,omitempty"`
+	ReadyCmd string `json:"ready_cmd,omitempty"`
 }
 
 // CreateSandboxRequest is the body of POST /boxes (spec B1). Pointers mark
