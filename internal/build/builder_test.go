@@ -255,6 +255,14 @@ func TestExtractContextDockerignore(t *testing.T) {
 	if _, err := ExtractContext(t.TempDir(), bytes.NewReader(make([]byte, 4096)), 100); err == nil {
 		t.Error("an oversize context was accepted")
 	}
+	// A header claiming more than the limit (as a sparse file would) is
+	// refused before anything is written.
+	var big bytes.Buffer
+	tw = tar.NewWriter(&big)
+	tw.WriteHeader(&tar.Header{Name: "huge", Mode: 0o644, Size: 1 << 40, Typeflag: tar.TypeReg})
+	if _, err := ExtractContext(t.TempDir(), &big, 1<<20); err == nil || !strings.Contains(err.Error(), "over") {
+		t.Errorf("a file claiming 1 TiB: %v", err)
+	}
 }
 
 // TestStartCommand checks ENTRYPOINT and CMD combine as Docker runs them:
@@ -273,5 +281,22 @@ func TestStartCommand(t *testing.T) {
 		if got := res.StartCommand(); got != want {
 			t.Errorf("%q: start command %q, want %q", df, got, want)
 		}
+	}
+}
+
+// TestBuildTarget checks a target stage builds only what it needs.
+func TestBuildTarget(t *testing.T) {
+	w := &fakeWorker{t: t}
+	plan, err := Parse([]byte(testDockerfile), "build")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := writeContext(t, map[string]string{"app.txt": "v1"})
+	res, err := Build(context.Background(), plan, w, mapCache{}, Options{Context: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Steps != 3 || len(res.Layers) != 4 || res.Config.WorkDir != "/src" || res.Config.EnvVars["MODE"] != "" {
+		t.Fatalf("target build: %d steps, layers %v, config %+v", res.Steps, res.Layers, res.Config)
 	}
 }

@@ -26,8 +26,8 @@ func ExtractContext(dir string, r io.Reader, maxBytes int64) (dockerfile []byte,
 	}
 	defer root.Close()
 	lr := &io.LimitedReader{R: r, N: maxBytes + 1}
-	if err := untar(root, lr, ".", owner{uid: -1, gid: -1}); err != nil {
-		if lr.N <= 0 {
+	if err := untar(root, lr, ".", owner{uid: -1, gid: -1}, maxBytes); err != nil {
+		if lr.N <= 0 || errors.Is(err, errTooBig) {
 			return nil, errdefs.Field("context", "is over %d bytes", maxBytes)
 		}
 		return nil, errdefs.Field("context", "not a tar archive: %v", err)

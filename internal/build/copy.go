@@ -334,13 +334,17 @@ func unpackFile(dst, src *os.Root, p, to string, own owner) error {
 	if err != nil {
 		return err
 	}
-	return untar(dst, r, to, own)
+	return untar(dst, r, to, own, MaxUnpackBytes)
 }
+
+// MaxUnpackBytes bounds what one ADD unpacks from a local archive.
+const MaxUnpackBytes = 16 << 30
 
 // untar unpacks the tar stream r under dir in dst: directories, regular
 // files, symlinks and hard links; names that would leave dst are refused
-// by os.Root.
-func untar(dst *os.Root, r io.Reader, dir string, own owner) error {
+// by os.Root. Files may hold at most limit bytes in all (sizes as their
+// headers give them, so sparse files count whole).
+func untar(dst *os.Root, r io.Reader, dir string, own owner, limit int64) error {
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
@@ -362,6 +366,9 @@ func untar(dst *os.Root, r io.Reader, dir string, own owner) error {
 		case tar.TypeDir:
 			err = dst.MkdirAll(name, 0o755)
 		case tar.TypeReg:
+			if limit -= h.Size; limit < 0 {
+				return fmt.Errorf("unpack %s: the archive unpacks to too many bytes: %w", h.Name, errTooBig)
+			}
 			err = writeFile(dst, name, tr)
 		case tar.TypeSymlink:
 			dst.Remove(name)
@@ -390,6 +397,9 @@ func untar(dst *os.Root, r io.Reader, dir string, own owner) error {
 		}
 	}
 }
+
+// errTooBig is an archive that unpacks past its limit.
+var errTooBig = errors.New("over the size limit")
 
 // absPath resolves a Dockerfile path against the working directory.
 func absPath(workdir, p string) string {
