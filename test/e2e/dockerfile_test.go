@@ -133,6 +133,7 @@ func TestDockerfileBuild(t *testing.T) {
 	if first.err != nil {
 		t.Fatalf("build: %v\n%s", first.err, first.log)
 	}
+	t.Logf("first build: steps %v", first.steps)
 	if first.cached != 0 || first.ran != 7 {
 		t.Fatalf("first build: %d cached, %d ran, want 0 and 7\n%s", first.cached, first.ran, first.log)
 	}
