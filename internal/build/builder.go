@@ -273,8 +273,12 @@ func (b *builder) buildStage(ctx context.Context, i int) error {
 
 // from starts stage i's state from its FROM.
 func (b *builder) from(ctx context.Context, st *instructions.Stage, i int) (*stageState, error) {
-	id := b.header(st, st.SourceCode)
 	ref, err := b.expandMeta(st.BaseName)
+	text := "FROM " + ref
+	if st.Name != "" {
+		text += " AS " + st.Name
+	}
+	id := b.header(st, text)
 	if err != nil {
 		return nil, &StepError{Step: id, Line: line(st.Location), Err: err}
 	}

@@ -3,6 +3,7 @@ package build
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
@@ -298,5 +300,39 @@ func TestBuildTarget(t *testing.T) {
 	}
 	if res.Steps != 3 || len(res.Layers) != 4 || res.Config.WorkDir != "/src" || res.Config.EnvVars["MODE"] != "" {
 		t.Fatalf("target build: %d steps, layers %v, config %+v", res.Steps, res.Layers, res.Config)
+	}
+}
+
+// TestAddUnpacksAndCopyFlags checks ADD unpacks a local (gzipped) tar
+// while COPY copies it as a file, and --chmod/--chown apply.
+func TestAddUnpacksAndCopyFlags(t *testing.T) {
+	var tgz bytes.Buffer
+	gz := gzip.NewWriter(&tgz)
+	tw := tar.NewWriter(gz)
+	tw.WriteHeader(&tar.Header{Name: "pkg/bin/tool", Mode: 0o755, Size: 2, Typeflag: tar.TypeReg})
+	tw.Write([]byte("hi"))
+	tw.WriteHeader(&tar.Header{Name: "pkg/link", Linkname: "bin/tool", Typeflag: tar.TypeSymlink})
+	tw.Close()
+	gz.Close()
+	dir := writeContext(t, map[string]string{"pkg.tgz": tgz.String(), "conf": "c"})
+	res, log, err := build(t, &fakeWorker{t: t}, mapCache{}, "FROM b\nADD pkg.tgz /opt/\nCOPY pkg.tgz /raw/\nCOPY --chmod=600 --chown=123:456 conf /etc/conf\n", dir, Options{})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log)
+	}
+	if b, err := os.ReadFile(filepath.Join(res.Layers[1], "opt", "pkg", "bin", "tool")); err != nil || string(b) != "hi" {
+		t.Fatalf("ADD did not unpack: %q %v", b, err)
+	}
+	if l, err := os.Readlink(filepath.Join(res.Layers[1], "opt", "pkg", "link")); err != nil || l != "bin/tool" {
+		t.Fatalf("symlink in the archive: %q %v", l, err)
+	}
+	if _, err := os.Stat(filepath.Join(res.Layers[2], "raw", "pkg.tgz")); err != nil {
+		t.Fatalf("COPY of an archive: %v", err)
+	}
+	st, err := os.Stat(filepath.Join(res.Layers[3], "etc", "conf"))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("--chmod: %v %v", st.Mode(), err)
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); !ok || sys.Uid != 123 || sys.Gid != 456 {
+		t.Fatalf("--chown: %+v", st.Sys())
 	}
 }

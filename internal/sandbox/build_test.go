@@ -4,11 +4,13 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/build"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -49,14 +51,14 @@ func waitBuilt(t *testing.T, e *env, id string) *store.Snapshot {
 func TestBuildSnapshotStacksAndCaches(t *testing.T) {
 	e := newEnv(t)
 	df := "FROM default\nENV A=1\nWORKDIR /app\nCOPY f.txt ./\nUSER 1000\n"
-	build := func() *store.Snapshot {
+	buildApp := func() *store.Snapshot {
 		v, err := e.m.BuildSnapshot(as(member), protocol.BuildSnapshotRequest{Name: "app", Dockerfile: df}, contextTar(t, map[string]string{"f.txt": "hi"}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return waitBuilt(t, e, v.ID)
 	}
-	sn := build()
+	sn := buildApp()
 	if sn.Status != protocol.SnapshotReady || len(sn.Layers) != 3 || sn.Layers[0] != e.snap.Layers[0] {
 		t.Fatalf("built: %s %q, layers %v", sn.Status, sn.StatusMessage, sn.Layers)
 	}
@@ -70,7 +72,7 @@ func TestBuildSnapshotStacksAndCaches(t *testing.T) {
 	if err != nil || len(entries) != 2 {
 		t.Fatalf("cache after one build: %d entries, %v", len(entries), err)
 	}
-	again := build()
+	again := buildApp()
 	if again.Status != protocol.SnapshotReady || again.StatusMessage[:len("built 2 layer steps (2 cached)")] != "built 2 layer steps (2 cached)" ||
 		again.Layers[2] != sn.Layers[2] {
 		t.Fatalf("rebuild: %q, layers %v (first %v)", again.StatusMessage, again.Layers, sn.Layers)
@@ -152,5 +154,17 @@ func TestBuildSnapshotRefusesBadDockerfile(t *testing.T) {
 	}
 	if list, _ := e.st.ListSnapshots(context.Background(), workspace, store.ListOptions{Name: "bad"}); len(list) != 0 {
 		t.Fatalf("a refused build left %d records", len(list))
+	}
+}
+
+// TestBuildLogsKeepsTheLast checks finished builds' logs are kept for the
+// last keptBuildLogs builds only.
+func TestBuildLogsKeepsTheLast(t *testing.T) {
+	var b buildLogs
+	for i := range keptBuildLogs + 1 {
+		b.add(fmt.Sprint(i), build.NewLog())
+	}
+	if b.get("0") != nil || b.get("1") == nil || b.get(fmt.Sprint(keptBuildLogs)) == nil {
+		t.Fatal("buildLogs kept the wrong logs")
 	}
 }
