@@ -20,7 +20,7 @@ func (s *Server) snapshotJSON(v *sandbox.SnapshotView) protocol.Snapshot {
 		RegistryID: sn.RegistryID, CreatedBy: sn.CreatedBy, RunConfig: &rc, SourceSandboxID: sn.SourceSandboxID,
 		CreatedAt: sn.CreatedAt, UpdatedAt: sn.UpdatedAt,
 		PullBytesTotal: v.PullBytesTotal, PullBytesDone: v.PullBytesDone,
-		Tag: sn.Tag, Labels: labelsOrEmpty(sn.Labels),
+		Tag: sn.Tag, Labels: labelsOrEmpty(sn.Labels), StartCmd: sn.StartCmd, ReadyCmd: sn.ReadyCmd,
 	}
 }
 

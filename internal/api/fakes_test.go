@@ -15,6 +15,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/authz"
+	"github.com/cubicle-dev/cubicle/internal/build"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
 	"github.com/cubicle-dev/cubicle/internal/image"
@@ -60,6 +61,10 @@ type fakeSandboxes struct {
 	list      store.ListOptions
 	listN     int // how many items a list returns
 	dpOp      authz.Op
+	// build and buildContext are the last Dockerfile build's request and
+	// the context it sent.
+	build        protocol.BuildSnapshotRequest
+	buildContext string
 	// share is the last share call: its kind, resource ref, request and
 	// share id.
 	share struct {
@@ -124,6 +129,35 @@ func (f *fakeSandboxes) CreateSnapshot(_ context.Context, req protocol.CreateSna
 	sn := &store.Snapshot{ID: "sn-new", Name: req.Name, Status: protocol.SnapshotBuilding, DockerImage: req.DockerImage}
 	f.snapshots[sn.ID] = sn
 	return &sandbox.SnapshotView{Snapshot: sn, PullBytesTotal: 10}, nil
+}
+
+// BuildSnapshot records the request and the context it read, and
+// keeps a closed log with that context for the build-log route.
+func (f *fakeSandboxes) BuildSnapshot(_ context.Context, req protocol.BuildSnapshotRequest, ctxTar io.Reader) (*sandbox.SnapshotView, error) {
+	if err := f.call("BuildSnapshot"); err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(ctxTar)
+	if err != nil {
+		return nil, err
+	}
+	f.build, f.buildContext = req, string(body)
+	sn := &store.Snapshot{ID: "sn-built", WorkspaceID: "w1", Name: req.Name, Status: protocol.SnapshotBuilding}
+	f.snapshots[sn.ID] = sn
+	return &sandbox.SnapshotView{Snapshot: sn}, nil
+}
+
+func (f *fakeSandboxes) BuildLog(_ context.Context, id string) (*build.Log, error) {
+	if err := f.call("BuildLog"); err != nil {
+		return nil, err
+	}
+	if id != "sn-built" {
+		return nil, errdefs.ErrNotFound
+	}
+	l := build.NewLog()
+	io.WriteString(l, "#1 [stage 1/1] FROM busybox\n"+f.buildContext)
+	l.Close()
+	return l, nil
 }
 
 func (f *fakeSandboxes) GetSnapshot(_ context.Context, id string) (*sandbox.SnapshotView, error) {

@@ -81,19 +81,19 @@ func gated[Req, Resp any](s *Server, fn func(*http.Request, Req) (Resp, error)) 
 // state of ids without a sandbox record) and their cleanup.
 func (s *Server) registerDoctorRoutes() {
 	for _, p := range prefixes {
-		s.handle("GET "+p+"/admin/leftovers", jsonHandler(http.StatusOK, nil, s.leftovers(s.mgr.Leftovers)))
-		s.handle("POST "+p+"/admin/leftovers/clean", jsonHandler(http.StatusOK, nil, s.leftovers(s.mgr.CleanLeftovers)))
+		s.handle("GET "+p+"/admin/leftovers", jsonHandler(http.StatusOK, nil, s.leftovers(Sandboxes.Leftovers)))
+		s.handle("POST "+p+"/admin/leftovers/clean", jsonHandler(http.StatusOK, nil, s.leftovers(Sandboxes.CleanLeftovers)))
 	}
 }
 
 // leftovers answers fn's leftovers to the instance admin only: they span
 // every workspace.
-func (s *Server) leftovers(fn func(context.Context) ([]protocol.Leftover, error)) func(*http.Request, none) (protocol.Leftovers, error) {
+func (s *Server) leftovers(fn func(Sandboxes, context.Context) ([]protocol.Leftover, error)) func(*http.Request, none) (protocol.Leftovers, error) {
 	return func(r *http.Request, _ none) (protocol.Leftovers, error) {
 		if !caller(r).InstanceAdmin {
 			return protocol.Leftovers{}, fmt.Errorf("leftovers are the instance admin's: %w", errdefs.ErrForbidden)
 		}
-		l, err := fn(r.Context())
+		l, err := fn(s.mgr, r.Context())
 		if l == nil {
 			l = []protocol.Leftover{}
 		}

@@ -131,10 +131,11 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 		opt(s)
 	}
 	for _, p := range prefixes {
-		s.handle("POST "+p+"/snapshots", jsonHandler(http.StatusCreated, nil, gated(s, s.createSnapshot)))
+		s.handle("POST "+p+"/snapshots", s.postSnapshots())
 		s.handle("GET "+p+"/snapshots", jsonHandler(http.StatusOK, nil, s.listSnapshots))
 		s.handle("GET "+p+"/snapshots-by-name/{name}", jsonHandler(http.StatusOK, nil, s.snapshotTags))
 		s.handle("GET "+p+"/snapshots/{id}", jsonHandler(http.StatusOK, nil, s.getSnapshot))
+		s.handle("GET "+p+"/snapshots/{id}/build-log", s.buildLog)
 		s.handle("DELETE "+p+"/snapshots/{id}", jsonHandler(http.StatusOK, nil, s.deleteSnapshot))
 		s.handle("POST "+p+"/boxes", jsonHandler(http.StatusCreated, checkCreateSandbox, gated(s, s.createSandbox)))
 		s.handle("GET "+p+"/boxes", jsonHandler(http.StatusOK, nil, s.listSandboxes))

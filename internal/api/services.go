@@ -8,6 +8,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/authz"
+	"github.com/cubicle-dev/cubicle/internal/build"
 	"github.com/cubicle-dev/cubicle/internal/gateway"
 	"github.com/cubicle-dev/cubicle/internal/identity"
 	"github.com/cubicle-dev/cubicle/internal/image"
@@ -27,6 +28,9 @@ import (
 // Sandboxes is what the handlers call on the sandbox manager.
 type Sandboxes interface {
 	CreateSnapshot(ctx context.Context, req protocol.CreateSnapshotRequest) (*sandbox.SnapshotView, error)
+	// BuildSnapshot starts a Dockerfile build over the context tar.
+	BuildSnapshot(ctx context.Context, req protocol.BuildSnapshotRequest, contextTar io.Reader) (*sandbox.SnapshotView, error)
+	BuildLog(ctx context.Context, id string) (*build.Log, error)
 	GetSnapshot(ctx context.Context, id string) (*sandbox.SnapshotView, error)
 	ListSnapshots(ctx context.Context, o store.ListOptions) ([]*sandbox.SnapshotView, error)
 	DeleteSnapshot(ctx context.Context, id string) error

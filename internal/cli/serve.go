@@ -61,6 +61,7 @@ type serveFlags struct {
 	conns              api.ConnLimits
 	imageMaxBytes      string
 	layerMaxBytes      string
+	buildCacheBytes    string
 	metricsListen      string
 	rateLimit          api.RateLimit
 	storeReserve       string
@@ -73,14 +74,11 @@ func (f serveFlags) imageLimits() (image.Limits, error) {
 		flag, val string
 		dst       *int64
 	}{{"--image-max-bytes", f.imageMaxBytes, &l.ImageBytes}, {"--image-layer-max-bytes", f.layerMaxBytes, &l.LayerBytes}} {
-		if v.val == "" {
-			continue
+		n, err := parseSize(v.flag, v.val)
+		if err != nil {
+			return l, err
 		}
-		n, err := humanize.ParseBytes(v.val)
-		if err != nil || n == 0 || n > math.MaxInt64 {
-			return l, fmt.Errorf("%s %q: want a positive size such as 512MiB", v.flag, v.val)
-		}
-		*v.dst = int64(n)
+		*v.dst = n
 	}
 	return l, nil
 }
@@ -110,6 +108,18 @@ func (f serveFlags) storeReserveBytes() (int64, error) {
 	n, err := humanize.ParseBytes(f.storeReserve)
 	if err != nil || n > math.MaxInt64 {
 		return 0, fmt.Errorf("--store-reserve %q: want a size such as 1GiB, or 0", f.storeReserve)
+	}
+	return int64(n), nil
+}
+
+// parseSize parses a size flag such as 512MiB ("" is 0: the default).
+func parseSize(flag, val string) (int64, error) {
+	if val == "" {
+		return 0, nil
+	}
+	n, err := humanize.ParseBytes(val)
+	if err != nil || n == 0 || n > math.MaxInt64 {
+		return 0, fmt.Errorf("%s %q: want a positive size such as 512MiB", flag, val)
 	}
 	return int64(n), nil
 }
@@ -150,6 +160,7 @@ func newServeCmd() *cobra.Command {
 	fl.StringVar(&f.layerMaxBytes, "image-layer-max-bytes", "", "cap on one unpacked image layer (default: the image cap)")
 	fl.StringVar(&f.storeReserve, "store-reserve", "1GiB",
 		"space the copy-on-write store keeps free (the smaller of its own free space and, for a loop image, its host filesystem's): below it /healthz is unavailable and creates, starts, forks and captures get a 503; below twice it, degraded. 0: no reserve")
+	fl.StringVar(&f.buildCacheBytes, "build-cache-size", "", "Dockerfile step cache kept per workspace, least recently used pruned past it, e.g. 20GiB (default 10GiB)")
 	fl.BoolVar(&f.debug, "debug", false, "log every request")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "",
 		"also serve /metrics here without authentication, for a private scrape network (the API's /metrics needs an admin key)")
@@ -298,9 +309,13 @@ func serve(ctx context.Context, f serveFlags) error {
 	defer egress.Close()
 	flowsDone := watchFlows(ctx, netmgr, egress, log)
 	defer flowsDone()
+	buildCache, err := parseSize("--build-cache-size", f.buildCacheBytes)
+	if err != nil {
+		return err
+	}
 	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
 		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Observer: tel,
-		Recorder: rec})
+		Recorder: rec, BuildDir: filepath.Join(f.dataDir, "builds"), BuildCacheBytes: buildCache})
 	if err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ func newSnapshotCmd() *cobra.Command {
 		Aliases: []string{"snapshots"},
 		Short:   "Build, list and remove snapshots (bootable root filesystems)",
 	}
-	cmd.AddCommand(newSnapshotCreateCmd(), newSnapshotLsCmd(), newSnapshotRmCmd(), newSnapshotCaptureCmd())
+	cmd.AddCommand(newSnapshotCreateCmd(), newSnapshotBuildCmd(), newSnapshotLsCmd(), newSnapshotRmCmd(), newSnapshotCaptureCmd())
 	return cmd
 }
 

@@ -127,6 +127,11 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	if err != nil {
 		return err
 	}
+	if !inst.restored {
+		if err := m.runStart(ctx, sb, sn, inst.client); err != nil {
+			return &BootError{Err: err}
+		}
+	}
 	if err := m.bind(ctx, sb, inst); err != nil {
 		return err
 	}

@@ -99,6 +99,7 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 		Status: protocol.SnapshotReady, DockerImage: parent.DockerImage, ImageDigest: parent.ImageDigest,
 		FSCapacityBytes: or(req.FSCapacityBytes, sb.FSCapacityBytes), SourceSandboxID: sb.ID, ProxyConfig: sb.ProxyConfig,
 		RunConfig: parent.RunConfig.Layer(sb.RunConfig).Layer(req.RunConfig), CreatedAt: now, UpdatedAt: now,
+		StartCmd: parent.StartCmd, ReadyCmd: parent.ReadyCmd,
 	}
 	release, err := m.quota.reserve(ctx, workspaceID, snapshotClaim)
 	if err != nil {

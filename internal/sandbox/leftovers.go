@@ -33,6 +33,11 @@ func (m *Manager) Leftovers(ctx context.Context) ([]Leftover, error) {
 	for _, sb := range sandboxes {
 		known[runtimeID(sb.ID)] = true
 	}
+	m.mu.Lock()
+	for rid := range m.transient {
+		known[rid] = true
+	}
+	m.mu.Unlock()
 	type lister struct {
 		kind string
 		list func(context.Context) ([]string, error)
@@ -88,4 +93,17 @@ func (m *Manager) CleanLeftovers(ctx context.Context) ([]Leftover, error) {
 		done = append(done, l)
 	}
 	return done, errors.Join(errs...)
+}
+
+// holdTransient marks runtime id rid as in use without a record (a build
+// step) until the returned release is called.
+func (m *Manager) holdTransient(rid string) (release func()) {
+	m.mu.Lock()
+	m.transient[rid] = true
+	m.mu.Unlock()
+	return func() {
+		m.mu.Lock()
+		delete(m.transient, rid)
+		m.mu.Unlock()
+	}
 }

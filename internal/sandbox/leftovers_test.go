@@ -56,3 +56,21 @@ func TestLeftoversAreCleanedAtRecover(t *testing.T) {
 		t.Fatal("a sandbox with a record was touched")
 	}
 }
+
+// TestLeftoversSkipTransientIDs: the record-less volume of a build step in
+// progress is not a leftover until the step lets go of it.
+func TestLeftoversSkipTransientIDs(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	release := e.m.holdTransient("buildstep1")
+	if _, err := e.storage.Prepare(ctx, "buildstep1"); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := e.m.Leftovers(ctx); err != nil || len(left) != 0 {
+		t.Fatalf("leftovers while the step holds its id: %v %v", left, err)
+	}
+	release()
+	if left, err := e.m.Leftovers(ctx); err != nil || len(left) != 1 || left[0].ID != "buildstep1" {
+		t.Fatalf("leftovers after the step let go: %v %v", left, err)
+	}
+}

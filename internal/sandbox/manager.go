@@ -86,6 +86,14 @@ type Config struct {
 	// Recorder receives lifecycle events for the audit record; nil
 	// records nothing.
 	Recorder Recorder
+	// BuildDir is where Dockerfile builds unpack their contexts (default
+	// the system's temporary directory).
+	BuildDir string
+	// BuildCacheBytes is the step cache each workspace keeps (default
+	// DefaultBuildCacheBytes); past it, the least recently used results
+	// no snapshot stacks are pruned after each build (layers a snapshot
+	// stacks do not count).
+	BuildCacheBytes int64
 }
 
 // LimitPolicy holds defaults and maxima for sandbox resources.
@@ -123,6 +131,16 @@ type Manager struct {
 	mu     sync.Mutex
 	boxes  map[string]*box           // per sandbox id
 	builds map[string]*buildProgress // per snapshot id, while building
+	// transient are the runtime ids of record-less instances and volumes
+	// in use now (Dockerfile build steps), which Leftovers must not take
+	// for leftovers.
+	transient map[string]bool
+	// buildLogs are Dockerfile builds' step logs (build.go).
+	buildLogs buildLogs
+	// buildGate is held shared by every Dockerfile build and exclusively
+	// by the step cache's pruning, so no build loses a layer it took
+	// from the cache before recording it.
+	buildGate sync.RWMutex
 	// conns are the open dataplane Conns, re-checked when access changes
 	// (access.go).
 	conns map[*Conn]struct{}
@@ -164,19 +182,26 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.AgentPort == 0 {
 		cfg.AgentPort = agent.Port
 	}
+	if cfg.BuildDir == "" {
+		cfg.BuildDir = os.TempDir()
+	}
+	if cfg.BuildCacheBytes <= 0 {
+		cfg.BuildCacheBytes = DefaultBuildCacheBytes
+	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("sandbox manager: %w", err)
 	}
 	life, end := context.WithCancel(context.Background())
 	return &Manager{
-		cfg:    cfg,
-		log:    cfg.Logger,
-		quota:  newQuotaGate(cfg.Store),
-		boxes:  map[string]*box{},
-		builds: map[string]*buildProgress{},
-		conns:  map[*Conn]struct{}{},
-		life:   life, endLife: end,
+		cfg:       cfg,
+		log:       cfg.Logger,
+		quota:     newQuotaGate(cfg.Store),
+		boxes:     map[string]*box{},
+		builds:    map[string]*buildProgress{},
+		transient: map[string]bool{},
+		conns:     map[*Conn]struct{}{},
+		life:      life, endLife: end,
 		wakeR: r, wakeW: w,
 	}, nil
 }

@@ -15,7 +15,8 @@ import (
 // whose processes are gone are marked stopped with their filesystem kept (a
 // dataplane request or start boots them again), half-made ones are marked
 // failed, interrupted deletions are finished, and interrupted snapshot
-// builds are resumed. Then what ids without a record hold on the host is
+// pulls are resumed (interrupted Dockerfile builds, whose context is gone,
+// are marked failed). Then what ids without a record hold on the host is
 // cleaned up (CleanLeftovers: their data is moved aside, not deleted).
 func (m *Manager) Recover(ctx context.Context) error {
 	sandboxes, err := m.cfg.Store.AllSandboxes(ctx)
@@ -33,6 +34,10 @@ func (m *Manager) Recover(ctx context.Context) error {
 		return err
 	}
 	for _, sn := range snaps {
+		if sn.DockerImage == "" {
+			m.failInterruptedBuild(ctx, sn) // a Dockerfile build: its context is gone
+			continue
+		}
 		m.startBuild(ctx, sn, nil)
 	}
 	return nil

@@ -455,13 +455,17 @@ func (m *Manager) Dataplane(ctx context.Context, id string, op authz.Op) (_ *Con
 	if err != nil {
 		return nil, err
 	}
-	// The proxy rules' dummy env_vars sit between the snapshot's layer and
-	// the sandbox's own, which may override them.
-	rc := sn.RunConfig.Layer(&protocol.RunConfig{EnvVars: protocol.ProxyEnvVars(sb.ProxyConfig)}).Layer(sb.RunConfig)
-	conn := &Conn{Agent: c, RunConfig: rc, WorkspaceID: sb.WorkspaceID, id: id, m: m,
+	conn := &Conn{Agent: c, RunConfig: effectiveRunConfig(sn, sb), WorkspaceID: sb.WorkspaceID, id: id, m: m,
 		grant: connGrant{p: p, op: op}, cut: make(chan struct{})}
 	conn.Gone = m.register(conn, gone, release)
 	return conn, nil
+}
+
+// effectiveRunConfig is what sb's commands run with: the snapshot's run
+// config, then the proxy rules' dummy env_vars, then the sandbox's own,
+// which may override them.
+func effectiveRunConfig(sn *store.Snapshot, sb *store.Sandbox) protocol.RunConfig {
+	return sn.RunConfig.Layer(&protocol.RunConfig{EnvVars: protocol.ProxyEnvVars(sb.ProxyConfig)}).Layer(sb.RunConfig)
 }
 
 // StatusMessage returns sandbox id's status message ("" if unknown), for

@@ -223,6 +223,22 @@ var migrations = []string{
 	ALTER TABLE snapshots ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
 	ALTER TABLE snapshots ADD COLUMN tag TEXT NOT NULL DEFAULT '';
 	CREATE UNIQUE INDEX IF NOT EXISTS snapshots_tag ON snapshots(workspace_id, name, tag) WHERE tag <> '';`,
+	// 12: the Dockerfile build step cache: one layer per (workspace, step
+	// key), pruned least recently used first; snapshots' start command
+	// and its readiness probe.
+	`CREATE TABLE IF NOT EXISTS build_cache (
+		workspace_id TEXT NOT NULL,
+		cache_key TEXT NOT NULL,
+		layer_id TEXT NOT NULL,
+		layer TEXT NOT NULL,
+		size_bytes INTEGER NOT NULL,
+		created_at TEXT NOT NULL,
+		used_at TEXT NOT NULL,
+		PRIMARY KEY (workspace_id, cache_key)
+	) WITHOUT ROWID;
+	CREATE INDEX IF NOT EXISTS build_cache_used ON build_cache(workspace_id, used_at);
+	ALTER TABLE snapshots ADD COLUMN start_cmd TEXT NOT NULL DEFAULT '';
+	ALTER TABLE snapshots ADD COLUMN ready_cmd TEXT NOT NULL DEFAULT '';`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -310,18 +326,18 @@ func isUnique(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
 }
 
-const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag`
+const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag, start_cmd, ready_cmd`
 
 // snapshotGet selects one snapshot with its run config (rows from before
 // migration 5 keep theirs inline in run_config).
 const snapshotGet = `SELECT s.id, s.workspace_id, s.created_by, s.name, s.status, s.status_message, s.docker_image, s.image_digest,
 	s.registry_id, s.fs_capacity_bytes, COALESCE(r.body, s.run_config), s.layers, s.created_at, s.updated_at, s.source_sandbox_id, s.run_config_id, s.proxy_config,
-	s.labels, s.tag FROM snapshots s LEFT JOIN run_configs r ON r.id = s.run_config_id`
+	s.labels, s.tag, s.start_cmd, s.ready_cmd FROM snapshots s LEFT JOIN run_configs r ON r.id = s.run_config_id`
 
 // snapshotList selects snapshots without their run configs, so a list
 // costs the same whatever the images' Env.
 const snapshotList = `SELECT id, workspace_id, created_by, name, status, status_message, docker_image, image_digest,
-	registry_id, fs_capacity_bytes, '{}', layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag FROM snapshots`
+	registry_id, fs_capacity_bytes, '{}', layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag, start_cmd, ready_cmd FROM snapshots`
 
 // putRunConfig stores rc once by content and returns its id.
 func putRunConfig(ctx context.Context, tx *sql.Tx, rc protocol.RunConfig) (string, error) {
@@ -372,10 +388,10 @@ func (s *SQLite) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
 				return fmt.Errorf("move tag %s:%s: %w", sn.Name, sn.Tag, err)
 			}
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			sn.ID, sn.WorkspaceID, sn.CreatedBy, sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest,
 			sn.RegistryID, sn.FSCapacityBytes, "{}", string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt), sn.SourceSandboxID, rcID,
-			nullJSON(sn.ProxyConfig), labelsJSON(sn.Labels), sn.Tag)
+			nullJSON(sn.ProxyConfig), labelsJSON(sn.Labels), sn.Tag, sn.StartCmd, sn.ReadyCmd)
 		if err != nil {
 			return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
 		}
@@ -391,8 +407,10 @@ func (s *SQLite) UpdateSnapshot(ctx context.Context, sn *Snapshot) error {
 		if err != nil {
 			return err
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE snapshots SET name=?, status=?, status_message=?, image_digest=?, run_config='{}', run_config_id=?, layers=?, updated_at=? WHERE id=?`,
-			sn.Name, sn.Status, sn.StatusMessage, sn.ImageDigest, rcID, string(layers), fmtTime(sn.UpdatedAt), sn.ID)
+		res, err := tx.ExecContext(ctx, `UPDATE snapshots SET name=?, status=?, status_message=?, docker_image=?, image_digest=?, run_config='{}', run_config_id=?, layers=?, labels=?,
+			start_cmd=?, ready_cmd=?, updated_at=? WHERE id=?`,
+			sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest, rcID, string(layers), labelsJSON(sn.Labels),
+			sn.StartCmd, sn.ReadyCmd, fmtTime(sn.UpdatedAt), sn.ID)
 		if err != nil {
 			return fmt.Errorf("update snapshot %s: %w", sn.ID, err)
 		}
@@ -444,7 +462,7 @@ func scanSnapshot(row scanner) (*Snapshot, error) {
 	var labels string
 	if err := row.Scan(&sn.ID, &sn.WorkspaceID, &sn.CreatedBy, &sn.Name, &sn.Status, &sn.StatusMessage, &sn.DockerImage,
 		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated, &sn.SourceSandboxID, &rcID, &proxy,
-		&labels, &sn.Tag); err != nil {
+		&labels, &sn.Tag, &sn.StartCmd, &sn.ReadyCmd); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal([]byte(labels), &sn.Labels); err != nil {

@@ -318,3 +318,69 @@ func TestPingReportsAHeldWriteLock(t *testing.T) {
 		t.Fatalf("ping after the lock was released: %v", err)
 	}
 }
+
+// TestBuildCache checks the step cache: get marks use (LRU order), a put
+// under a taken key retires the old entry rather than losing its layer,
+// and delete removes one entry of one workspace.
+func TestBuildCache(t *testing.T) {
+	ctx := context.Background()
+	st := openTest(t, filepath.Join(t.TempDir(), "c.db"))
+	old := time.Now().Add(-time.Hour)
+	for i, k := range []string{"k1", "k2"} {
+		e := &BuildCacheEntry{WorkspaceID: "w", Key: k, LayerID: "l" + k, Layer: "/c/" + k, SizeBytes: int64(i + 1), CreatedAt: old, UsedAt: old.Add(time.Duration(i) * time.Second)}
+		if err := st.PutBuildCache(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := st.GetBuildCache(ctx, "other", "k1"); !errdefs.IsNotFound(err) {
+		t.Fatalf("another workspace's entry: %v", err)
+	}
+	e, err := st.GetBuildCache(ctx, "w", "k1")
+	if err != nil || e.Layer != "/c/k1" || e.LayerID != "lk1" || e.SizeBytes != 1 {
+		t.Fatalf("get k1 = %+v, %v", e, err)
+	}
+	list, err := st.ListBuildCache(ctx, "w")
+	if err != nil || len(list) != 2 || list[0].Key != "k2" || list[1].Key != "k1" {
+		t.Fatalf("LRU order after using k1: %+v %v", list, err)
+	}
+	if err := st.PutBuildCache(ctx, &BuildCacheEntry{WorkspaceID: "w", Key: "k1", LayerID: "new", Layer: "/c/new", CreatedAt: old, UsedAt: old}); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := st.GetBuildCache(ctx, "w", "k1"); err != nil || e.LayerID != "new" {
+		t.Fatalf("k1 after replace = %+v, %v", e, err)
+	}
+	if e, err := st.GetBuildCache(ctx, "w", "retired/lk1"); err != nil || e.Layer != "/c/k1" {
+		t.Fatalf("retired entry = %+v, %v", e, err)
+	}
+	if err := st.DeleteBuildCache(ctx, "w", "k2"); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := st.ListBuildCache(ctx, "w"); len(list) != 2 {
+		t.Fatalf("after delete: %d entries", len(list))
+	}
+}
+
+// TestUpdateSnapshotBuildResult checks an update records what a
+// Dockerfile build learns only at its end: the base image, the labels and
+// the start command.
+func TestUpdateSnapshotBuildResult(t *testing.T) {
+	ctx := context.Background()
+	st := openTest(t, filepath.Join(t.TempDir(), "c.db"))
+	if err := st.EnsureWorkspace(ctx, Workspace{ID: "w", Name: "w", CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	sn := &Snapshot{ID: "s1", WorkspaceID: "w", CreatedBy: "u", Name: "app", Status: protocol.SnapshotBuilding, CreatedAt: time.Now(), UpdatedAt: time.Now()}
+	if err := st.CreateSnapshot(ctx, sn); err != nil {
+		t.Fatal(err)
+	}
+	sn.Status, sn.DockerImage, sn.Labels, sn.Layers = protocol.SnapshotReady, "busybox", map[string]string{"team": "core"}, []string{"/l"}
+	sn.StartCmd, sn.ReadyCmd = "exec server", "test -e /ready"
+	if err := st.UpdateSnapshot(ctx, sn); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.GetSnapshot(ctx, "w", "s1")
+	if err != nil || got.DockerImage != "busybox" || got.Labels["team"] != "core" || got.Status != protocol.SnapshotReady ||
+		got.StartCmd != "exec server" || got.ReadyCmd != "test -e /ready" {
+		t.Fatalf("after update: %+v, %v", got, err)
+	}
+}

@@ -131,6 +131,11 @@ type Snapshot struct {
 	// the snapshot (every branch of a fork) inherit it unless their create
 	// request gives their own. It may hold opaque values: never echoed.
 	ProxyConfig []byte
+	// StartCmd is a shell command started in the background at every
+	// cold boot of a sandbox from the snapshot (a Dockerfile's
+	// ENTRYPOINT/CMD); ReadyCmd, when set, must then exit 0 before the
+	// sandbox is ready. "" is none.
+	StartCmd, ReadyCmd string
 	// Tag is the snapshot's Docker-style tag under Name: at most one
 	// snapshot of a workspace holds a (Name, Tag), and "" is untagged.
 	Tag string
@@ -315,6 +320,8 @@ type Store interface {
 	ListAccess(ctx context.Context, q AccessQuery) ([]AccessRecord, error)
 
 	CreateSnapshot(ctx context.Context, s *Snapshot) error
+	// UpdateSnapshot records a build's outcome: name, status, docker
+	// image, digest, run config, layers, labels and start command.
 	UpdateSnapshot(ctx context.Context, s *Snapshot) error
 	GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error)
 	// SnapshotByName returns snapshot name:tag of workspaceID; tag "" or
@@ -328,6 +335,18 @@ type Store interface {
 	SnapshotsWithStatus(ctx context.Context, status string) ([]*Snapshot, error)
 	// LayersInUse lists the layer directories any snapshot stacks.
 	LayersInUse(ctx context.Context) ([]string, error)
+
+	// GetBuildCache returns workspaceID's step result under key and marks
+	// it used now.
+	GetBuildCache(ctx context.Context, workspaceID, key string) (*BuildCacheEntry, error)
+	// PutBuildCache records e; an entry already under e's key is kept
+	// under a retired key (never matched, pruned like any other), since
+	// snapshots may stack its layer.
+	PutBuildCache(ctx context.Context, e *BuildCacheEntry) error
+	// ListBuildCache lists workspaceID's entries, least recently used first.
+	ListBuildCache(ctx context.Context, workspaceID string) ([]*BuildCacheEntry, error)
+	// DeleteBuildCache removes workspaceID's entry under key.
+	DeleteBuildCache(ctx context.Context, workspaceID, key string) error
 
 	CreateSandbox(ctx context.Context, s *Sandbox) error
 	UpdateSandbox(ctx context.Context, s *Sandbox) error

@@ -91,6 +91,11 @@ type Snapshot struct {
 	// Labels are key/value metadata; sandboxes created from the snapshot
 	// inherit them.
 	Labels map[string]string `json:"labels"`
+	// StartCmd (a Cubicle extension) is a shell command started in the
+	// background at every cold boot of a sandbox from the snapshot; with
+	// ReadyCmd, the sandbox is ready only once ReadyCmd exits 0.
+	StartCmd string `json:"start_cmd,omitempty"`
+	ReadyCmd string `json:"ready_cmd,omitempty"`
 }
 
 // SnapshotTag is one tag published under a snapshot name.
@@ -151,6 +156,26 @@ type CreateSnapshotRequest struct {
 	Tag string `json:"tag,omitempty"`
 	// Labels seed the snapshot's labels.
 	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// BuildSnapshotRequest is a Dockerfile build (a Cubicle extension): POST
+// /snapshots with a build context as the body — a tar with Content-Type
+// application/x-tar, these fields as query parameters (build_arg=K=V,
+// repeated, for BuildArgs), or multipart/form-data with these fields as
+// form fields and the tar as the file field "context". The context's
+// .dockerignore applies; Dockerfile, when empty, is the context's own.
+type BuildSnapshotRequest struct {
+	Name            string            `json:"name"`
+	Tag             string            `json:"tag,omitempty"`
+	Dockerfile      string            `json:"dockerfile,omitempty"`
+	BuildArgs       map[string]string `json:"build_args,omitempty"`
+	Target          string            `json:"target,omitempty"`
+	NoCache         bool              `json:"no_cache,omitempty"`
+	FSCapacityBytes int64             `json:"fs_capacity_bytes,omitempty"`
+	// StartCmd overrides the start command the Dockerfile's ENTRYPOINT
+	// and CMD give; ReadyCmd is its readiness probe (see Snapshot).
+	StartCmd string `json:"start_cmd,omitempty"`
+	ReadyCmd string `json:"ready_cmd,omitempty"`
 }
 
 // CreateSandboxRequest is the body of POST /boxes (spec B1). Pointers mark
