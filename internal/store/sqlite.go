@@ -223,9 +223,12 @@ var migrations = []string{
 	ALTER TABLE snapshots ADD COLUMN labels TEXT NOT NULL DEFAULT '{}';
 	ALTER TABLE snapshots ADD COLUMN tag TEXT NOT NULL DEFAULT '';
 	CREATE UNIQUE INDEX IF NOT EXISTS snapshots_tag ON snapshots(workspace_id, name, tag) WHERE tag <> '';`,
-	// 12: the package versions a blueprint-built snapshot holds (a JSON
-	// object of name → version; '{}' for other snapshots).
-	`ALTER TABLE snapshots ADD COLUMN packages TEXT NOT NULL DEFAULT '{}';`,
+	// 12: built-in snapshots: the package versions a blueprint-built
+	// snapshot holds (a JSON object of name → version; '{}' for other
+	// snapshots), and the workspace row they belong to (BuiltinWorkspace,
+	// which workspace lookups and lists never show).
+	`ALTER TABLE snapshots ADD COLUMN packages TEXT NOT NULL DEFAULT '{}';
+	INSERT OR IGNORE INTO workspaces(id, name, created_at) VALUES('builtin', 'cubicle:builtin', '1970-01-01T00:00:00Z');`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
