@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -77,7 +78,7 @@ func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) 
 		args = append(args, "--cache-dir="+cache.debootstrap)
 	}
 	args = append(args, r.Suite, root, r.Mirror)
-	if err := b.run(ctx, exec.CommandContext(ctx, "debootstrap", args...), rep.debootstrapLine, nil); err != nil {
+	if err := b.run(exec.CommandContext(ctx, "debootstrap", args...), rep.debootstrapLine, nil); err != nil {
 		return nil, fmt.Errorf("debootstrap %s: %w", r.Suite, err)
 	}
 	if err := b.chroot(ctx, root, cache, r.script(), rep); err != nil {
@@ -94,7 +95,7 @@ func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) 
 	}
 	rep.set("packing the root filesystem", 92)
 	tarball := filepath.Join(dir, "rootfs.tar")
-	if err := b.run(ctx, packCommand(ctx, root, tarball), nil, nil); err != nil {
+	if err := b.run(packCommand(ctx, root, tarball), nil, nil); err != nil {
 		return nil, fmt.Errorf("pack root filesystem: %w", err)
 	}
 	if err := os.RemoveAll(root); err != nil {
@@ -150,12 +151,17 @@ func (b *Builder) chroot(ctx context.Context, root string, c cache, script strin
 	cmd := exec.CommandContext(ctx, "unshare", "--mount", "--propagation", "private", "--",
 		"/bin/sh", "-c", chrootWrapper, "sh", root, c.archives, c.lists, script)
 	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8"}
-	return b.run(ctx, cmd, nil, rep.aptStatus)
+	return b.run(cmd, nil, rep.aptStatus)
 }
 
-// run runs cmd, passing each stdout line to onLine and each line of fd 3
+// run runs cmd (made with exec.CommandContext), passing each stdout line to onLine and each line of fd 3
 // to onStatus (either may be nil); the tail of its output is in the error.
-func (b *Builder) run(ctx context.Context, cmd *exec.Cmd, onLine, onStatus func(string)) error {
+func (b *Builder) run(cmd *exec.Cmd, onLine, onStatus func(string)) error {
+	// The whole process group goes when ctx ends or the daemon dies, and
+	// a descendant holding the pipes cannot hold Wait.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
 	tail := &tailBuffer{max: 4 << 10}
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -68,7 +68,7 @@ func (m *Manager) EnsureBuiltin(ctx context.Context, name string, src BuiltinSou
 	now := time.Now().UTC()
 	if sn == nil {
 		sn = &store.Snapshot{ID: uuid.NewString(), WorkspaceID: store.BuiltinWorkspace, CreatedBy: builtinCreator, Name: name,
-			Status: protocol.SnapshotBuilding, DockerImage: src.Describe(), CreatedAt: now, UpdatedAt: now,
+			Status: protocol.SnapshotBuilding, DockerImage: src.Describe(), FSCapacityBytes: m.cfg.Limits.DefaultFSBytes, CreatedAt: now, UpdatedAt: now,
 			Labels: map[string]string{BuiltinKeyLabel: key}}
 		if err := m.cfg.Store.CreateSnapshot(ctx, sn); err != nil {
 			return fmt.Errorf("record built-in snapshot %s: %w", name, err)
