@@ -50,6 +50,9 @@ func (s *Source) Make(ctx context.Context, ws string, progress func(string, int)
 	if err != nil {
 		return nil, nil, err
 	}
+	if img, _, err = unnamed(ctx, s.Images, ws, img); err != nil {
+		return nil, nil, err
+	}
 	if s.Builder.Log != nil {
 		s.Builder.Log.Info("built blueprint", "name", r.Name, "key", r.Key(), "packages", len(res.Packages), "took", res.Took)
 	}
@@ -100,7 +103,10 @@ func (s *Imported) Make(ctx context.Context, ws string, progress func(string, in
 		// Not an image archive: a root filesystem tarball.
 		cfg := v1.Config{Env: Default().Env, WorkingDir: "/", Cmd: []string{"/bin/sh"}}
 		img, err := s.Images.ImportRootfs(ctx, ws, s.Spec, ref, cfg)
-		return img, nil, err
+		if err != nil {
+			return nil, nil, err
+		}
+		return unnamed(ctx, s.Images, ws, img)
 	}
 	if err != nil {
 		return nil, nil, err
@@ -108,5 +114,17 @@ func (s *Imported) Make(ctx context.Context, ws string, progress func(string, in
 	for _, extra := range imgs[1:] {
 		extra.Release()
 	}
-	return imgs[0], nil, nil
+	return unnamed(ctx, s.Images, ws, imgs[0])
+}
+
+// unnamed drops the names an import gave img and returns it (as Make
+// does): the built-in snapshot that records its layers keeps them (the
+// caller's hold until then), and once that snapshot is superseded and
+// deleted the next image GC frees them, with no name left behind.
+func unnamed(ctx context.Context, images *image.Store, ws string, img *image.Image) (*image.Image, map[string]string, error) {
+	if err := images.Remove(ctx, ws, img.Digest); err != nil {
+		img.Release()
+		return nil, nil, fmt.Errorf("drop the import's name of %s: %w", img.Digest, err)
+	}
+	return img, nil, nil
 }
