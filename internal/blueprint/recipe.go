@@ -17,6 +17,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
 // Recipe is what a blueprint installs. Its Key names exactly what it
@@ -118,8 +120,12 @@ func (r Recipe) script() string {
 	fmt.Fprintf(&b, "echo %s >&3\n", installMarker)
 	fmt.Fprintf(&b, "apt-get -o APT::Status-Fd=3 -y --no-install-recommends install %s\n", strings.Join(r.Packages, " "))
 	if r.User != "" {
-		fmt.Fprintf(&b, "useradd --create-home --shell /bin/bash --uid %d --user-group %s\n", r.UID, r.User)
+		fmt.Fprintf(&b, "useradd --create-home --shell /bin/bash --uid %d --user-group --groups sudo %s\n", r.UID, r.User)
 		fmt.Fprintf(&b, "echo '%s ALL=(ALL) NOPASSWD:ALL' >/etc/sudoers.d/%s && chmod 0440 /etc/sudoers.d/%s\n", r.User, r.User, r.User)
+		// Setuid does not work in a sandbox: sudo is the agent's broker
+		// (internal/agent ServeSudo), the real one diverted aside.
+		fmt.Fprintf(&b, "dpkg-divert --local --rename --divert /usr/bin/sudo.setuid --add /usr/bin/sudo\n")
+		fmt.Fprintf(&b, "ln -s %s /usr/bin/sudo\n", runtime.AgentMountPath) // sudo when run by that name
 	}
 	b.WriteString("rm -f /usr/sbin/policy-rc.d /etc/apt/apt.conf.d/00cubicle-keep\n")
 	fmt.Fprintf(&b, "mkdir -p %s && dpkg-query -W -f '${Package}\\t${Version}\\n' >%s\n", dirOf(manifestPath), manifestPath)

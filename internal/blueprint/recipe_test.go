@@ -38,7 +38,8 @@ func TestDefaultRecipe(t *testing.T) {
 		"deb http://deb.debian.org/debian bookworm main\n", // the pinned suite
 		"deb http://deb.debian.org/debian-security bookworm-security main\n",
 		"--no-install-recommends install " + strings.Join(r.Packages, " ") + "\n",
-		"useradd --create-home --shell /bin/bash --uid 1000 --user-group user\n",
+		"useradd --create-home --shell /bin/bash --uid 1000 --user-group --groups sudo user\n",
+		"ln -s /.cubicle/cubicle /usr/bin/sudo\n",
 		"user ALL=(ALL) NOPASSWD:ALL",
 		"dpkg-query -W -f '${Package}\\t${Version}\\n' >" + manifestPath,
 		"rm -f /usr/sbin/policy-rc.d",
