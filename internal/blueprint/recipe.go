@@ -42,8 +42,9 @@ type Recipe struct {
 	UID int
 	// Env is the image's environment (KEY=VALUE).
 	Env []string
-	// Revision is bumped when the build steps change without a change
-	// to the fields above, so the key changes too.
+	// Revision is bumped when the build changes outside the chroot
+	// script (which the key hashes) without a change to the fields above,
+	// so the key changes too.
 	Revision int
 }
 
@@ -79,14 +80,16 @@ func (r Recipe) Home() string {
 	return "/home/" + r.User
 }
 
-// Key identifies the recipe: a hash of every field, in a fixed order.
-// Package order does not matter.
+// Key identifies the recipe: a hash of every field, in a fixed order, and
+// of the chroot script they make. Package order does not matter.
 func (r Recipe) Key() string {
 	pkgs := slices.Clone(r.Packages)
 	slices.Sort(pkgs)
+	sorted := r
+	sorted.Packages = pkgs
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%s\n%s\n%d\n%s\n%d\n", r.Name, r.Suite, r.Mirror, r.SecurityMirror,
-		strings.Join(pkgs, " "), r.User, r.UID, strings.Join(r.Env, "\n"), r.Revision)
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%s\n%s\n%d\n%s\n%d\n%s", r.Name, r.Suite, r.Mirror, r.SecurityMirror,
+		strings.Join(pkgs, " "), r.User, r.UID, strings.Join(r.Env, "\n"), r.Revision, sorted.script())
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -116,6 +119,9 @@ func (r Recipe) script() string {
 	b.WriteString("printf '#!/bin/sh\\nexit 101\\n' >/usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d\n")
 	fmt.Fprintf(&b, "cat >/etc/apt/sources.list <<'EOF'\n%sEOF\n", r.sources())
 	b.WriteString("echo 'APT::Keep-Downloaded-Packages \"true\";' >/etc/apt/apt.conf.d/00cubicle-keep\n")
+	// Documentation is most of a package's bytes and nothing a sandbox
+	// reads (no man is installed); licences stay.
+	b.WriteString("printf 'path-exclude=/usr/share/doc/*\\npath-include=/usr/share/doc/*/copyright\\npath-exclude=/usr/share/man/*\\npath-exclude=/usr/share/info/*\\n' >/etc/dpkg/dpkg.cfg.d/01cubicle-nodoc\n")
 	b.WriteString("apt-get -o APT::Status-Fd=3 update\n")
 	fmt.Fprintf(&b, "echo %s >&3\n", installMarker)
 	fmt.Fprintf(&b, "apt-get -o APT::Status-Fd=3 -y --no-install-recommends install %s\n", strings.Join(r.Packages, " "))

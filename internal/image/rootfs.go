@@ -3,10 +3,12 @@ package image
 import (
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
+	goruntime "runtime"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -39,24 +41,35 @@ func WriteRootfsArchive(w io.Writer, ref, rootfs string, cfg v1.Config) error {
 }
 
 // ImportRootfs loads the root filesystem tarball at rootfs into workspace
-// ws as a one-layer image named ref with config cfg (see
-// WriteRootfsArchive and Load). The caller must Release the image.
+// ws as a one-layer image named ref with config cfg, as Load would load
+// WriteRootfsArchive's output but without its gzip round trip: the layer
+// is read uncompressed (once to hash it, once to unpack it) and the
+// manifest synthesised as for a docker-save archive. The caller must
+// Release the image.
 func (s *Store) ImportRootfs(ctx context.Context, ws, rootfs, ref string, cfg v1.Config) (*Image, error) {
-	f, err := os.CreateTemp(filepath.Join(s.root, "tmp"), "import-*.tar")
+	canon, err := s.canonical(ref)
 	if err != nil {
-		return nil, fmt.Errorf("stage rootfs import: %w", err)
+		return nil, err
 	}
-	defer os.Remove(f.Name())
-	err = WriteRootfsArchive(f, ref, rootfs, cfg)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	layer, err := tarball.LayerFromFile(rootfs)
 	if err != nil {
 		return nil, fmt.Errorf("import rootfs %s: %w", rootfs, err)
 	}
-	imgs, err := s.Load(ctx, ws, f.Name(), ref)
+	diffID, err := layer.DiffID()
 	if err != nil {
 		return nil, fmt.Errorf("import rootfs %s: %w", rootfs, err)
 	}
-	return imgs[0], nil
+	cf := &v1.ConfigFile{Architecture: goruntime.GOARCH, OS: "linux", Config: cfg,
+		RootFS: v1.RootFS{Type: "layers", DiffIDs: []v1.Hash{diffID}}}
+	raw, err := json.Marshal(cf)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(raw)
+	src := &source{configName: "sha256:" + hex.EncodeToString(sum[:]), rawConfig: raw, config: cf, layers: []v1.Layer{layer}}
+	img, err := s.ingest(ctx, src, ingestTarget{ws: ws, refs: []string{canon}}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("import rootfs %s: %w", rootfs, err)
+	}
+	return img, nil
 }
