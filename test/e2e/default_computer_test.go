@@ -62,6 +62,11 @@ func TestDefaultComputer(t *testing.T) {
 	if sn.Status != protocol.SnapshotReady {
 		t.Fatalf("default is %s: %s", sn.Status, sn.StatusMessage)
 	}
+	for _, line := range strings.Split(d.logs.String(), "\n") {
+		if strings.Contains(line, `msg="built blueprint"`) {
+			t.Logf("daemon: %s", line) // the build's own time, without the import
+		}
+	}
 	if len(seen) < 3 {
 		t.Errorf("progress steps seen while building: %q, want several", seen)
 	}
