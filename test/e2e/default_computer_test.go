@@ -31,7 +31,7 @@ func blueprintCache() string {
 // meanwhile answered 503 NotReady with Retry-After — and then a sandbox
 // created without naming a snapshot has the tools the default computer
 // promises, as "user" with sudo; the official npm client's
-// sandbox.run("python my_analysis.py") works on it.
+// sandbox.run("python my_analysis.py") works on it; a restart keeps it.
 func TestDefaultComputer(t *testing.T) {
 	d := startDaemonEnv(t, "gvisor", "", []string{"CUBICLE_DEFAULT_IMAGE=", "CUBICLE_BLUEPRINT_CACHE=" + blueprintCache()})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -110,6 +110,20 @@ func TestDefaultComputer(t *testing.T) {
 	if !strings.Contains(out, `"exit_code":0`) || !strings.Contains(out, `mean=2.5`) {
 		t.Fatalf("official client: %s", out)
 	}
+
+	// A restart finds it ready (nothing rebuilt, its unnamed layers kept
+	// by the start's image GC) and the sandbox on it running.
+	d.stop()
+	d.restart()
+	if again := builtinDefault(t, d.Client); again.ID != sn.ID || again.Status != protocol.SnapshotReady {
+		t.Fatalf("after a restart default is %s %s, want %s ready", again.ID, again.Status, sn.ID)
+	}
+	mustRun(t, d.Client, sb.Name, `python -c 'print(1)'`)
+	fresh, err := d.Client.CreateSandbox(ctx, protocol.CreateSandboxRequest{Timeout: int64p(90)})
+	if err != nil {
+		t.Fatalf("create from default after a restart: %v", err)
+	}
+	mustRun(t, d.Client, fresh.Name, `node -e 'process.exit(0)'`)
 }
 
 // builtinDefault finds the built-in "default" in the snapshot list.
