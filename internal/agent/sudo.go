@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -221,10 +222,14 @@ func (s *Server) runSudo(conn *net.UnixConn, req sudoRequest, caller identity, f
 	if err != nil {
 		return 0, fmt.Errorf("sudo: %s: %w", req.Argv[0], err)
 	}
+	var over atomic.Bool // the group's id may be reused once it exits
 	go func() {
 		r := bufio.NewReader(conn)
 		for {
 			b, err := r.ReadByte()
+			if over.Load() {
+				return
+			}
 			if err != nil { // the client went away
 				syscall.Kill(-pid, syscall.SIGKILL)
 				return
@@ -233,6 +238,7 @@ func (s *Server) runSudo(conn *net.UnixConn, req sudoRequest, caller identity, f
 		}
 	}()
 	ws := <-exited
+	over.Store(true)
 	if ws.Signaled() {
 		return 128 + int(ws.Signal()), nil
 	}
