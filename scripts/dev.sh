@@ -43,7 +43,7 @@ fi
 export CUBICLE_API_KEY=${CUBICLE_API_KEY:-$(cat "$data/admin.key")}
 cub=$root/bin/cubicle
 
-echo "==> waiting for the default computer (built once by the daemon; downloads cached in $data/cache/blueprint)"
+echo "==> waiting for the default computer (built once by the daemon; downloads cached in ${CUBICLE_BLUEPRINT_CACHE:-$data/cache/blueprint})"
 $cub snapshot wait default >/dev/null
 
 echo "==> first sandbox"

@@ -12,7 +12,7 @@ import (
 // and show a build's percentage.
 func TestBuildProgressLines(t *testing.T) {
 	var out bytes.Buffer
-	p := newPullProgress(&out, "default")
+	p := newPullProgress(&out, "default", "waiting")
 	out.Reset()
 	for _, pct := range []int{0, 3, 12, 15, 55, 97} {
 		p.update(protocol.Snapshot{Status: protocol.SnapshotBuilding, BuildStep: "step", BuildPercent: pct})

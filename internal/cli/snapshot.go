@@ -83,7 +83,7 @@ func snapshotCreate(ctx context.Context, cmd *cobra.Command, name string, f snap
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.wait)
 	defer cancel()
-	prog := newPullProgress(cmd.ErrOrStderr(), f.image)
+	prog := newPullProgress(cmd.ErrOrStderr(), f.image, "building snapshot from "+f.image+"...")
 	id := snap.ID
 	_, err = c.WaitSnapshot(ctx, id, prog.update)
 	prog.finish()
@@ -112,10 +112,12 @@ type pullProgress struct {
 	lastTenth int
 }
 
-func newPullProgress(w io.Writer, image string) *pullProgress {
+// newPullProgress shows the build of a snapshot from image; off a
+// terminal it first prints line.
+func newPullProgress(w io.Writer, image, line string) *pullProgress {
 	_, tty := terminalFd(w)
 	if !tty {
-		fmt.Fprintf(w, "building snapshot from %s...\n", image)
+		fmt.Fprintln(w, line)
 	}
 	return &pullProgress{w: w, image: image, visible: tty, lastTenth: -1}
 }
@@ -286,7 +288,7 @@ func newSnapshotWaitCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			prog := newPullProgress(cmd.ErrOrStderr(), args[0])
+			prog := newPullProgress(cmd.ErrOrStderr(), args[0], "waiting for snapshot "+args[0]+"...")
 			s, err := c.WaitSnapshot(ctx, args[0], prog.update)
 			prog.finish()
 			if err != nil {
