@@ -2,13 +2,19 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // sudoRoot is a sandbox root whose /etc/group puts "user" in group sudo
@@ -69,25 +75,7 @@ func TestSudoArgs(t *testing.T) {
 // caller's stdio, a reset environment that names the caller, and its exit
 // code comes back; sudo -v answers without running anything.
 func TestSudoBroker(t *testing.T) {
-	s, err := NewServer("tok")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(t.TempDir(), "run", "sudo.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.ServeSudo(ctx, sock) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(sock); err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
+	sock := startSudoBroker(t)
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -110,5 +98,79 @@ func TestSudoBroker(t *testing.T) {
 	}
 	if code, err := sudoCall(sock, sudoRequest{Argv: []string{"no-such-command-here"}}, [3]*os.File{devnull, devnull, devnull}); err == nil || code == 0 {
 		t.Fatalf("a missing command: %d, %v", code, err)
+	}
+}
+
+// startSudoBroker serves a broker on a temporary socket for the test.
+func startSudoBroker(t *testing.T) string {
+	s, err := NewServer("tok")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "run", "sudo.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.ServeSudo(ctx, sock) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil || time.Now().After(deadline) {
+			return sock
+		}
+	}
+}
+
+// TestSudoSignalsAndHangup: a signal byte from the client reaches the
+// command (its exit code says so), and a client that goes away takes its
+// command with it.
+func TestSudoSignalsAndHangup(t *testing.T) {
+	sock := startSudoBroker(t)
+	devnull, _ := os.Open(os.DevNull)
+	defer devnull.Close()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	send := func(command string) *net.UnixConn {
+		conn, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: sock, Net: "unix"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := json.Marshal(sudoRequest{Argv: []string{"/bin/sh", "-c", command}, Dir: "/"})
+		fd := int(devnull.Fd())
+		if _, _, err := conn.WriteMsgUnix(body, unix.UnixRights(fd, fd, fd), nil); err != nil {
+			t.Fatal(err)
+		}
+		return conn
+	}
+	waitPid := func() int {
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if b, err := os.ReadFile(pidFile); err == nil && len(b) > 0 && b[len(b)-1] == '\n' {
+				pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+				return pid
+			}
+		}
+		t.Fatal("the brokered command did not start")
+		return 0
+	}
+
+	conn := send("echo $$ >" + pidFile + "; exec sleep 30")
+	waitPid()
+	conn.Write([]byte{byte(syscall.SIGTERM)})
+	var rep sudoReply
+	if err := json.NewDecoder(conn).Decode(&rep); err != nil || rep.ExitCode != 128+int(syscall.SIGTERM) {
+		t.Fatalf("after SIGTERM: %+v, %v; want exit code %d", rep, err, 128+int(syscall.SIGTERM))
+	}
+	conn.Close()
+
+	os.Remove(pidFile)
+	conn = send("echo $$ >" + pidFile + "; exec sleep 30")
+	pid := waitPid()
+	conn.Close()
+	for deadline := time.Now().Add(5 * time.Second); syscall.Kill(pid, 0) == nil; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the command of a client that went away (pid %d) still runs", pid)
+		}
 	}
 }
