@@ -18,7 +18,7 @@ import (
 )
 
 // buildProgress tracks a building snapshot: an image pull's bytes, or a
-// built-in's step and percentage. done closes when the build ends.
+// built-in's step and percentage. over closes when the build ends.
 type buildProgress struct {
 	total, done atomic.Int64
 	mu          sync.Mutex
