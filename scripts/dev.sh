@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian 12 machine to a running Cubicle with a first
-# sandbox: installs what is missing, builds cubicle and runsc, builds a Debian
-# base image with debootstrap (cached; no container registry is needed),
-# starts the daemon and runs a command in a new sandbox.
+# sandbox: installs what is missing, builds cubicle and runsc, starts the
+# daemon — which builds the default computer (the built-in snapshot
+# "default": Debian with Python, Node.js, git and a C toolchain) from
+# Debian's packages on its first start, no container registry needed —
+# waits for it with a progress display and runs a command in a new sandbox.
 #
 #   ./scripts/dev.sh            # (or: make run)
 #
@@ -31,16 +33,6 @@ command -v go >/dev/null || { echo "Go is required (https://go.dev/dl, or /usr/l
 echo "==> building bin/cubicle and bin/runsc (gVisor from the Go module proxy; first build takes a few minutes)"
 make build
 
-base=$root/.cache/base
-if [[ ! -f $base/rootfs.tar ]]; then
-  echo "==> building the Debian base image with debootstrap (once)"
-  rm -rf "$base/rootfs" && mkdir -p "$base"
-  debootstrap --variant=minbase --include=ca-certificates,python3,curl bookworm "$base/rootfs" http://deb.debian.org/debian
-  rm -rf "$base/rootfs"/var/cache/apt/archives/*.deb
-  tar -C "$base/rootfs" --numeric-owner -cf "$base/rootfs.tar.tmp" . && mv "$base/rootfs.tar.tmp" "$base/rootfs.tar"
-  rm -rf "$base/rootfs"
-fi
-
 export CUBICLE_ENDPOINT=http://$listen
 if ! curl -fsS "$CUBICLE_ENDPOINT/healthz" >/dev/null 2>&1; then
   echo "==> starting the daemon (log: $data/cubicle.log)"
@@ -51,19 +43,18 @@ fi
 export CUBICLE_API_KEY=${CUBICLE_API_KEY:-$(cat "$data/admin.key")}
 cub=$root/bin/cubicle
 
-echo "==> importing the base image and creating the default snapshot"
-$cub image import "$base/rootfs.tar" --name cubicle/debian:bookworm
-$cub snapshot ls | grep -q ' default ' || $cub snapshot create default --image cubicle/debian:bookworm
+echo "==> waiting for the default computer (built once by the daemon; downloads cached in ${CUBICLE_BLUEPRINT_CACHE:-$data/cache/blueprint})"
+$cub snapshot wait default >/dev/null
 
 echo "==> first sandbox"
 $cub sandbox rm first >/dev/null 2>&1 || true
-$cub sandbox create --snapshot default --name first
-$cub exec first -- sh -c 'echo "hello from $(hostname)"; uname -a; . /etc/os-release; echo "$PRETTY_NAME"'
+$cub sandbox create --name first
+$cub exec first -- sh -c 'echo "hello from $(hostname) as $(id -un) in $PWD"; . /etc/os-release; echo "$PRETTY_NAME"; python --version; node --version'
 
 cat <<MSG
 
 Cubicle is running at $CUBICLE_ENDPOINT (runtime $runtime, data $data).
   export CUBICLE_ENDPOINT=$CUBICLE_ENDPOINT CUBICLE_API_KEY=\$(cat $data/admin.key)
-  bin/cubicle exec first -- python3 -c 'print(6*7)'
+  bin/cubicle exec first -- python -c 'print(6*7)'
   LANGSMITH_ENDPOINT=$CUBICLE_ENDPOINT LANGSMITH_API_KEY=\$CUBICLE_API_KEY node your-agent.mjs
 MSG

@@ -4,10 +4,16 @@ package main
 
 import (
 	"os"
+	"path/filepath"
 
+	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/cli"
 )
 
 func main() {
+	if filepath.Base(os.Args[0]) == "sudo" {
+		// Inside a sandbox, sudo is this binary (see agent.SudoMain).
+		os.Exit(agent.SudoMain(os.Args[1:]))
+	}
 	os.Exit(cli.Main(os.Args[1:]))
 }

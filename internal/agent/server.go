@@ -131,8 +131,9 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 }
 
 // Run is `cubicle agent`: it serves on addr until ctx ends or SIGTERM/SIGINT
-// arrives. As PID 1 it also reaps every zombie, makes sure /tmp exists, and on
-// SIGTERM forwards the signal to every process before exiting.
+// arrives. As PID 1 it also reaps every zombie, makes sure /tmp exists,
+// brokers sudo (ServeSudo), and on SIGTERM forwards the signal to every
+// process before exiting.
 func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -155,6 +156,13 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 	defer stop()
 	go srv.Reap(ctx)
 	go srv.GuardMemory(ctx)
+	if pid1 {
+		go func() {
+			if err := srv.ServeSudo(ctx, SudoSocket); err != nil {
+				log.Warn("sudo broker stopped", "err", err)
+			}
+		}()
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("agent: listen %s: %w", addr, err)

@@ -20,6 +20,8 @@ func (s *Server) snapshotJSON(v *sandbox.SnapshotView) protocol.Snapshot {
 		RegistryID: sn.RegistryID, CreatedBy: sn.CreatedBy, RunConfig: &rc, SourceSandboxID: sn.SourceSandboxID,
 		CreatedAt: sn.CreatedAt, UpdatedAt: sn.UpdatedAt,
 		PullBytesTotal: v.PullBytesTotal, PullBytesDone: v.PullBytesDone,
+		BuildStep: v.BuildStep, BuildPercent: v.BuildPercent,
+		Builtin: sn.WorkspaceID == store.BuiltinWorkspace, Packages: sn.Packages,
 		Tag: sn.Tag, Labels: labelsOrEmpty(sn.Labels), StartCmd: sn.StartCmd, ReadyCmd: sn.ReadyCmd,
 	}
 }

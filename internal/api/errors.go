@@ -45,6 +45,13 @@ func writeValidationItem(w http.ResponseWriter, field, msg, typ string) {
 	writeJSON(w, http.StatusUnprocessableEntity, protocol.ValidationBody{Detail: []protocol.ValidationItem{{Loc: loc, Msg: msg, Type: typ}}})
 }
 
+// setRetryAfter sets Retry-After to d in whole seconds, rounded up, at
+// least 1.
+func setRetryAfter(w http.ResponseWriter, d time.Duration) {
+	secs := int64((d + time.Second - 1) / time.Second)
+	w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+}
+
 // writeError maps an internal error kind to its status and body. This is the
 // only place error kinds become HTTP.
 func writeError(ctx context.Context, w http.ResponseWriter, err error) {
@@ -53,13 +60,16 @@ func writeError(ctx context.Context, w http.ResponseWriter, err error) {
 	var ue *unknownFieldError
 	var le *errdefs.LimitError
 	var ua *unavailableError
+	var pe *errdefs.PendingError
 	switch {
 	case errors.As(err, &ua):
-		w.Header().Set("Retry-After", "30")
+		setRetryAfter(w, unavailableRetry)
 		writeDetail(w, http.StatusServiceUnavailable, "ServiceUnavailable", ua.Error())
+	case errors.As(err, &pe):
+		setRetryAfter(w, pe.RetryAfter)
+		writeDetail(w, http.StatusServiceUnavailable, "NotReady", pe.Error())
 	case errors.As(err, &le):
-		secs := int64((le.RetryAfter + time.Second - 1) / time.Second)
-		w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+		setRetryAfter(w, le.RetryAfter)
 		typ := "QuotaExceeded"
 		if le.Kind == errdefs.RateLimit {
 			typ = "RateLimited"

@@ -40,10 +40,13 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	code := http.StatusOK
 	if b.Status == health.StatusUnavailable {
 		code = http.StatusServiceUnavailable
-		w.Header().Set("Retry-After", "30")
+		setRetryAfter(w, unavailableRetry)
 	}
 	writeJSON(w, code, b)
 }
+
+// unavailableRetry is the Retry-After of an unavailable daemon's answers.
+const unavailableRetry = 30 * time.Second
 
 // unavailableError refuses a request while the daemon is unavailable.
 type unavailableError struct{ reasons []string }

@@ -11,6 +11,11 @@
 //     workspace-wide one, the higher); else none. Snapshots are private
 //     like sandboxes, whether built from an image or captured: an admin
 //     shares a snapshot with the workspace to let its members boot it.
+//   - Built-in snapshots (store.BuiltinWorkspace: the default computer)
+//     belong to the instance, not a workspace: every principal with a
+//     workspace holds use on them (list, get, boot, reset onto) and no
+//     one owns them, so no key can delete, change or re-share them. A
+//     workspace's own snapshot of the same name overrides one by name.
 //   - Operations whose effect is workspace-wide (secrets, image names)
 //     need the admin role.
 //
@@ -111,6 +116,8 @@ func Snapshot(sn *store.Snapshot) Owned {
 // Level is p's access to r.
 func Level(p auth.Principal, r Owned) Access {
 	switch {
+	case p.WorkspaceID != "" && r.Workspace == store.BuiltinWorkspace:
+		return Use
 	case p.WorkspaceID == "" || p.WorkspaceID != r.Workspace:
 		return None
 	case p.IsAdmin() || p.User == r.CreatedBy:

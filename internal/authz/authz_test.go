@@ -220,3 +220,32 @@ func TestListFilter(t *testing.T) {
 		}
 	}
 }
+
+// TestBuiltinSnapshot: a built-in snapshot is usable by every principal
+// of every workspace, admins included, and owned by none: booting and
+// reading are allowed, deleting, changing and re-sharing forbidden; a
+// principal without a workspace still has nothing.
+func TestBuiltinSnapshot(t *testing.T) {
+	builtin := Snapshot(&store.Snapshot{WorkspaceID: store.BuiltinWorkspace, CreatedBy: "cubicle"})
+	for _, p := range []auth.Principal{admin, member, outsider, oddRole} {
+		if got := Level(p, builtin); got != Use {
+			t.Errorf("Level(%s of %s) = %v, want use", p.User, p.WorkspaceID, got)
+		}
+		if NeedsShares(p, builtin) {
+			t.Errorf("NeedsShares(%s of %s) on a built-in: shares cannot change its level", p.User, p.WorkspaceID)
+		}
+		for _, op := range []Op{Get, BootSnapshot, Diff} {
+			if err := Check(p, builtin, op, "snapshot default"); err != nil {
+				t.Errorf("%s %q: %v", p.User, op, err)
+			}
+		}
+		for _, op := range []Op{Delete, Update, ManageShares} {
+			if err := Check(p, builtin, op, "snapshot default"); !errors.Is(err, errdefs.ErrForbidden) {
+				t.Errorf("%s %q: %v, want forbidden", p.User, op, err)
+			}
+		}
+	}
+	if err := Check(nobody, builtin, Get, "snapshot default"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("no principal reading a built-in: %v, want not found", err)
+	}
+}

@@ -6,12 +6,9 @@ import (
 	"os"
 	"text/tabwriter"
 
+	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/dustin/go-humanize"
-	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/spf13/cobra"
 )
 
@@ -44,27 +41,12 @@ func newImageCmd() *cobra.Command {
 			if importName == "" {
 				return fmt.Errorf("--name is required")
 			}
-			ref, err := name.ParseReference(importName)
-			if err != nil {
-				return fmt.Errorf("--name: %w", err)
-			}
-			layer, err := tarball.LayerFromFile(args[0])
-			if err != nil {
-				return fmt.Errorf("read rootfs %s: %w", args[0], err)
-			}
-			img, err := mutate.AppendLayers(empty.Image, layer)
-			if err != nil {
-				return err
-			}
 			if len(env) == 0 {
 				env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 			}
-			img, err = mutate.Config(img, v1.Config{Env: env, WorkingDir: workdir, Cmd: []string{"/bin/sh"}})
-			if err != nil {
-				return err
-			}
+			cfg := v1.Config{Env: env, WorkingDir: workdir, Cmd: []string{"/bin/sh"}}
 			pr, pw := io.Pipe()
-			go func() { pw.CloseWithError(tarball.Write(ref, img, pw)) }()
+			go func() { pw.CloseWithError(image.WriteRootfsArchive(pw, importName, args[0], cfg)) }()
 			return uploadArchive(cmd, pr, importName)
 		},
 	}

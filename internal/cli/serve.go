@@ -17,6 +17,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/accesslog"
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/blueprint"
 	"github.com/cubicle-dev/cubicle/internal/filerec"
 	"github.com/cubicle-dev/cubicle/internal/health"
 	"github.com/cubicle-dev/cubicle/internal/identity"
@@ -65,6 +66,8 @@ type serveFlags struct {
 	metricsListen      string
 	rateLimit          api.RateLimit
 	storeReserve       string
+	defaultImage       string
+	blueprintCache     string
 }
 
 // imageLimits parses the image size caps ("" is 0: the store's default).
@@ -180,6 +183,10 @@ func newServeCmd() *cobra.Command {
 	fl.BoolVar(&f.auditFiles, "audit-files", true,
 		"record the files each command added, modified and deleted, and the packages it installed, removed or upgraded")
 	addAuditExportFlags(fl, &f.auditExport)
+	fl.StringVar(&f.defaultImage, "default-image", os.Getenv("CUBICLE_DEFAULT_IMAGE"),
+		"where the built-in snapshot \"default\" comes from: \"\" builds the default computer from Debian's packages, an image reference or a file (docker save, OCI or root filesystem tarball) is imported instead, \"none\" provides none (env CUBICLE_DEFAULT_IMAGE)")
+	fl.StringVar(&f.blueprintCache, "blueprint-cache", os.Getenv("CUBICLE_BLUEPRINT_CACHE"),
+		"directory keeping the default computer's downloaded packages across builds (default <data-dir>/cache/blueprint; env CUBICLE_BLUEPRINT_CACHE)")
 	return cmd
 }
 
@@ -331,6 +338,9 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
+	if err := ensureDefault(ctx, f, mgr, images, log); err != nil {
+		return err
+	}
 	tel.WatchSandboxes(mgr.Census)
 	if inUse, err := mgr.LayersInUse(ctx); err != nil {
 		return err
@@ -440,4 +450,27 @@ func bootstrapKey(ctx context.Context, st store.Store, dataDir string) error {
 	}
 	fmt.Fprintf(os.Stderr, "Generated admin API key (also in %s):\n%s\n", path, key)
 	return nil
+}
+
+// ensureDefault makes sure the built-in snapshot "default" is ready or
+// being made, as --default-image says (see internal/blueprint).
+func ensureDefault(ctx context.Context, f serveFlags, mgr *sandbox.Manager, images *image.Store, log *slog.Logger) error {
+	var src sandbox.BuiltinSource
+	switch f.defaultImage {
+	case "none":
+		return nil
+	case "":
+		work := filepath.Join(f.dataDir, "blueprint")
+		if err := os.RemoveAll(work); err != nil { // a build a crash interrupted
+			return fmt.Errorf("clear blueprint work dir: %w", err)
+		}
+		cache := f.blueprintCache
+		if cache == "" {
+			cache = filepath.Join(f.dataDir, "cache", "blueprint")
+		}
+		src = &blueprint.Source{Builder: &blueprint.Builder{WorkDir: work, CacheDir: cache, Log: log}, Recipe: blueprint.Default(), Images: images}
+	default:
+		src = &blueprint.Imported{Name: "default", Spec: f.defaultImage, Images: images}
+	}
+	return mgr.EnsureBuiltin(ctx, "default", src)
 }

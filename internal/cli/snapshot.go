@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -26,7 +28,8 @@ func newSnapshotCmd() *cobra.Command {
 		Aliases: []string{"snapshots"},
 		Short:   "Build, list and remove snapshots (bootable root filesystems)",
 	}
-	cmd.AddCommand(newSnapshotCreateCmd(), newSnapshotBuildCmd(), newSnapshotLsCmd(), newSnapshotRmCmd(), newSnapshotCaptureCmd())
+	cmd.AddCommand(newSnapshotCreateCmd(), newSnapshotBuildCmd(), newSnapshotLsCmd(), newSnapshotRmCmd(), newSnapshotCaptureCmd(),
+		newSnapshotWaitCmd(), newSnapshotPackagesCmd())
 	return cmd
 }
 
@@ -80,7 +83,7 @@ func snapshotCreate(ctx context.Context, cmd *cobra.Command, name string, f snap
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.wait)
 	defer cancel()
-	prog := newPullProgress(cmd.ErrOrStderr(), f.image)
+	prog := newPullProgress(cmd.ErrOrStderr(), f.image, "building snapshot from "+f.image+"...")
 	id := snap.ID
 	_, err = c.WaitSnapshot(ctx, id, prog.update)
 	prog.finish()
@@ -103,18 +106,31 @@ type pullProgress struct {
 	visible bool
 	bar     *progressbar.ProgressBar
 	total   int64
+	// building: bar shows a built-in's percentage (buildStep);
+	// lastTenth is the last tenth printed off a terminal (-1: none yet).
+	building  bool
+	lastTenth int
 }
 
-func newPullProgress(w io.Writer, image string) *pullProgress {
+// newPullProgress shows the build of a snapshot from image; off a
+// terminal it first prints line.
+func newPullProgress(w io.Writer, image, line string) *pullProgress {
 	_, tty := terminalFd(w)
 	if !tty {
-		fmt.Fprintf(w, "building snapshot from %s...\n", image)
+		fmt.Fprintln(w, line)
 	}
-	return &pullProgress{w: w, image: image, visible: tty}
+	return &pullProgress{w: w, image: image, visible: tty, lastTenth: -1}
 }
 
 func (p *pullProgress) update(s protocol.Snapshot) {
-	if !p.visible || s.Status != protocol.SnapshotBuilding {
+	if s.Status != protocol.SnapshotBuilding {
+		return
+	}
+	if s.BuildStep != "" {
+		p.buildStep(s)
+		return
+	}
+	if !p.visible {
 		return
 	}
 	if p.bar == nil {
@@ -137,6 +153,35 @@ func (p *pullProgress) update(s protocol.Snapshot) {
 		p.bar.Describe("unpacking " + p.image) // pull over, build goes on
 	}
 	_ = p.bar.Set64(s.PullBytesDone)
+}
+
+// buildStep shows a built-in snapshot's build: a percentage bar described
+// by the step on a terminal, else a line at each tenth of the way.
+func (p *pullProgress) buildStep(s protocol.Snapshot) {
+	if !p.visible {
+		if s.BuildPercent/10 != p.lastTenth {
+			p.lastTenth = s.BuildPercent / 10
+			fmt.Fprintf(p.w, "%3d%% %s\n", s.BuildPercent, s.BuildStep)
+		}
+		return
+	}
+	if p.bar == nil || !p.building {
+		p.finish()
+		p.building = true
+		p.bar = progressbar.NewOptions(100,
+			progressbar.OptionSetWriter(p.w),
+			progressbar.OptionSetWidth(30),
+			progressbar.OptionShowCount(),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionClearOnFinish(),
+		)
+	}
+	step := s.BuildStep
+	if len(step) > 60 {
+		step = step[:57] + "..."
+	}
+	p.bar.Describe(step)
+	_ = p.bar.Set(s.BuildPercent)
 }
 
 func (p *pullProgress) finish() {
@@ -168,7 +213,7 @@ func newSnapshotLsCmd() *cobra.Command {
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tNAME\tSTATUS\tIMAGE\tCREATED")
 			for _, s := range l.Snapshots {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Name, s.Status, orDash(s.DockerImage), ago(s.CreatedAt))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Name, snapshotStatus(s), orDash(s.DockerImage), ago(s.CreatedAt))
 			}
 			if err := tw.Flush(); err != nil {
 				return err
@@ -211,4 +256,76 @@ func forEachArg(cmd *cobra.Command, args []string, op func(string) error) error 
 		fmt.Fprintln(cmd.OutOrStdout(), a)
 	}
 	return errors.Join(errs...)
+}
+
+// snapshotStatus is a snapshot's status for a listing: a building
+// built-in's percentage, and "built-in" for the server's own.
+func snapshotStatus(s protocol.Snapshot) string {
+	st := s.Status
+	if s.Status == protocol.SnapshotBuilding && s.BuildStep != "" {
+		st = fmt.Sprintf("%s %d%%", st, s.BuildPercent)
+	}
+	if s.Builtin {
+		st += " (built-in)"
+	}
+	return st
+}
+
+func newSnapshotWaitCmd() *cobra.Command {
+	var wait time.Duration
+	cmd := &cobra.Command{
+		Use:   "wait NAME|ID",
+		Short: "Wait until a snapshot is ready (showing its build), then print its id",
+		Long: "Wait until a snapshot is ready, showing its image pull or, for the server's built-in\n" +
+			"default computer, its build, on stderr; print the snapshot id on stdout. Fails if the build does.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			ctx, cancel := context.WithTimeout(ctx, wait)
+			defer cancel()
+			c, err := clientFromEnv(cubicle.WithPollInterval(500 * time.Millisecond))
+			if err != nil {
+				return err
+			}
+			prog := newPullProgress(cmd.ErrOrStderr(), args[0], "waiting for snapshot "+args[0]+"...")
+			s, err := c.WaitSnapshot(ctx, args[0], prog.update)
+			prog.finish()
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), s.ID)
+			return nil
+		},
+	}
+	cmd.Flags().DurationVar(&wait, "timeout", 30*time.Minute, "how long to wait")
+	return cmd
+}
+
+func newSnapshotPackagesCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "packages NAME|ID",
+		Short: "List the packages (and versions) a built-in snapshot was built with",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := clientFromEnv()
+			if err != nil {
+				return err
+			}
+			s, err := c.GetSnapshot(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if len(s.Packages) == 0 {
+				return fmt.Errorf("snapshot %s records no packages (only built-in snapshots built from a blueprint do)", args[0])
+			}
+			names := slices.Sorted(maps.Keys(s.Packages))
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "PACKAGE\tVERSION")
+			for _, n := range names {
+				fmt.Fprintf(tw, "%s\t%s\n", n, s.Packages[n])
+			}
+			return tw.Flush()
+		},
+	}
 }

@@ -71,3 +71,18 @@ type LimitError struct {
 }
 
 func (e *LimitError) Error() string { return e.Kind + " limit exceeded: " + e.Msg }
+
+// PendingError is a request that needs something still being made (a
+// built-in snapshot building); the API answers 503 NotReady with
+// Retry-After. It is an ErrNotReady.
+type PendingError struct {
+	Msg string
+	// RetryAfter is when trying again may succeed (rounded up to whole
+	// seconds on the wire, at least 1).
+	RetryAfter time.Duration
+}
+
+func (e *PendingError) Error() string { return e.Msg }
+
+// Unwrap makes a PendingError an ErrNotReady.
+func (e *PendingError) Unwrap() error { return ErrNotReady }

@@ -109,13 +109,13 @@ func (m *Manager) BuildSnapshot(ctx context.Context, req protocol.BuildSnapshotR
 		defer cancel()
 		defer stop()
 		defer os.RemoveAll(dir)
-		m.runBuild(bctx, sn, plan, build.Options{BuildArgs: req.BuildArgs, NoCache: req.NoCache, Context: dir, Log: log}, log)
+		m.runDockerfile(bctx, sn, plan, build.Options{BuildArgs: req.BuildArgs, NoCache: req.NoCache, Context: dir, Log: log}, log)
 	})
 	return &SnapshotView{Snapshot: sn}, nil
 }
 
-// runBuild builds sn and records the outcome.
-func (m *Manager) runBuild(ctx context.Context, sn *store.Snapshot, plan *build.Plan, o build.Options, log *build.Log) {
+// runDockerfile builds sn and records the outcome.
+func (m *Manager) runDockerfile(ctx context.Context, sn *store.Snapshot, plan *build.Plan, o build.Options, log *build.Log) {
 	defer log.Close()
 	start := time.Now()
 	m.buildGate.RLock()

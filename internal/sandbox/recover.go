@@ -34,6 +34,15 @@ func (m *Manager) Recover(ctx context.Context) error {
 		return err
 	}
 	for _, sn := range snaps {
+		if sn.WorkspaceID == store.BuiltinWorkspace {
+			// Only EnsureBuiltin knows how to make it: it builds it
+			// again, unless this start does not ask for it.
+			sn.Status, sn.StatusMessage, sn.UpdatedAt = protocol.SnapshotFailed, "build interrupted by a daemon restart", time.Now().UTC()
+			if err := m.cfg.Store.UpdateSnapshot(ctx, sn); err != nil {
+				return err
+			}
+			continue
+		}
 		if sn.DockerImage == "" {
 			m.failInterruptedBuild(ctx, sn) // a Dockerfile build: its context is gone
 			continue

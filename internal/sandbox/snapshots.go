@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -16,15 +17,32 @@ import (
 	"github.com/google/uuid"
 )
 
-// buildProgress tracks an image pull for a building snapshot.
+// buildProgress tracks a building snapshot: an image pull's bytes, or a
+// built-in's step and percentage. over closes when the build ends.
 type buildProgress struct {
 	total, done atomic.Int64
+	mu          sync.Mutex
+	step        string
+	percent     int
+	over        chan struct{}
+}
+
+func newBuildProgress() *buildProgress { return &buildProgress{over: make(chan struct{})} }
+
+func (bp *buildProgress) setStep(step string, percent int) {
+	bp.mu.Lock()
+	bp.step, bp.percent = step, percent
+	bp.mu.Unlock()
 }
 
 // SnapshotView is a snapshot record plus live build progress.
 type SnapshotView struct {
 	*store.Snapshot
 	PullBytesTotal, PullBytesDone int64
+	// BuildStep and BuildPercent are a built-in's progress ("" and 0
+	// when none is reported).
+	BuildStep    string
+	BuildPercent int
 }
 
 // CreateSnapshot records a building snapshot and pulls its image in the
@@ -75,11 +93,24 @@ func (m *Manager) CreateSnapshot(ctx context.Context, req protocol.CreateSnapsho
 	return &SnapshotView{Snapshot: sn}, nil
 }
 
-// startBuild builds sn in the background, detached from ctx's
-// cancellation but ended by Close (the snapshot then stays building and
-// the next Recover resumes it).
+// startBuild pulls sn's image in the background (see runBuild).
 func (m *Manager) startBuild(ctx context.Context, sn *store.Snapshot, over *protocol.RunConfig) {
-	bp := &buildProgress{}
+	m.runBuild(ctx, sn, over, func(ctx context.Context, bp *buildProgress) (*image.Image, error) {
+		img, err := m.pullImage(ctx, sn, bp)
+		if err != nil {
+			return nil, fmt.Errorf("pull image %q: %w", sn.DockerImage, err)
+		}
+		return img, nil
+	})
+}
+
+// runBuild makes sn's image with produce in the background, detached from
+// ctx's cancellation but ended by Close (the snapshot then stays building
+// for the next Recover), and marks sn ready (its layers and run config,
+// over layered on the image's) or failed with produce's error.
+func (m *Manager) runBuild(ctx context.Context, sn *store.Snapshot, over *protocol.RunConfig,
+	produce func(context.Context, *buildProgress) (*image.Image, error)) {
+	bp := newBuildProgress()
 	m.mu.Lock()
 	m.builds[sn.ID] = bp
 	m.mu.Unlock()
@@ -88,40 +119,29 @@ func (m *Manager) startBuild(ctx context.Context, sn *store.Snapshot, over *prot
 	m.goBG(func() {
 		defer cancel()
 		defer stop()
-		m.buildSnapshot(ctx, sn, over, bp)
+		defer func() {
+			m.mu.Lock()
+			delete(m.builds, sn.ID)
+			m.mu.Unlock()
+			close(bp.over)
+		}()
+		img, err := produce(ctx, bp)
+		if err != nil && m.closing() {
+			m.log.Info("snapshot build interrupted by shutdown; resumed at the next start", "snapshot", sn.ID)
+			return
+		}
+		m.recordBuild(ctx, sn, over, img, err)
 	})
 }
 
-// buildSnapshot resolves the snapshot's image and marks it ready or failed.
-// over is the run config given at creation, layered over the image's.
-func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *protocol.RunConfig, bp *buildProgress) {
-	defer func() {
-		m.mu.Lock()
-		delete(m.builds, sn.ID)
-		m.mu.Unlock()
-	}()
-	var img *image.Image
-	var err error
-	var cred authn.Authenticator
-	if sn.RegistryID != "" {
-		cred, err = m.pullAuth(ctx, sn.WorkspaceID, sn.RegistryID, sn.DockerImage)
-	}
-	if err == nil {
-		img, err = m.cfg.Images.Resolve(ctx, sn.WorkspaceID, sn.DockerImage, cred, func(pr image.Progress) {
-			bp.total.Store(pr.Total)
-			bp.done.Store(pr.Complete)
-		})
-	}
-	if err != nil && m.closing() {
-		m.log.Info("snapshot build interrupted by shutdown; resumed at the next start", "snapshot", sn.ID)
-		return
-	}
+// recordBuild stores a build's outcome.
+func (m *Manager) recordBuild(ctx context.Context, sn *store.Snapshot, over *protocol.RunConfig, img *image.Image, err error) {
 	sn.UpdatedAt = time.Now().UTC()
 	if err != nil {
-		sn.Status, sn.StatusMessage = protocol.SnapshotFailed, fmt.Sprintf("pull image %q: %v", sn.DockerImage, err)
-		m.log.Warn("snapshot build failed", "snapshot", sn.ID, "image", sn.DockerImage, "err", err)
+		sn.Status, sn.StatusMessage = protocol.SnapshotFailed, err.Error()
+		m.log.Warn("snapshot build failed", "snapshot", sn.ID, "name", sn.Name, "err", err)
 	} else {
-		sn.Status, sn.ImageDigest, sn.Layers = protocol.SnapshotReady, img.Digest, img.Layers
+		sn.Status, sn.StatusMessage, sn.ImageDigest, sn.Layers = protocol.SnapshotReady, "", img.Digest, img.Layers
 		sn.RunConfig = img.Config.Layer(over)
 	}
 	octx, cancel := outcomeContext(ctx)
@@ -130,6 +150,24 @@ func (m *Manager) buildSnapshot(ctx context.Context, sn *store.Snapshot, over *p
 		m.log.Error("record snapshot build result", "snapshot", sn.ID, "err", err)
 	}
 	img.Release() // the layers are recorded: GC now sees the snapshot use them
+	if sn.Status == protocol.SnapshotReady && sn.WorkspaceID == store.BuiltinWorkspace {
+		m.pruneBuiltins(octx, sn)
+	}
+}
+
+// pullImage resolves sn's image (with its registry's credentials).
+func (m *Manager) pullImage(ctx context.Context, sn *store.Snapshot, bp *buildProgress) (*image.Image, error) {
+	var cred authn.Authenticator
+	if sn.RegistryID != "" {
+		var err error
+		if cred, err = m.pullAuth(ctx, sn.WorkspaceID, sn.RegistryID, sn.DockerImage); err != nil {
+			return nil, err
+		}
+	}
+	return m.cfg.Images.Resolve(ctx, sn.WorkspaceID, sn.DockerImage, cred, func(pr image.Progress) {
+		bp.total.Store(pr.Total)
+		bp.done.Store(pr.Complete)
+	})
 }
 
 // LayersInUse lists the layer directories that snapshots of every
@@ -152,6 +190,9 @@ func (m *Manager) view(sn *store.Snapshot) *SnapshotView {
 	m.mu.Lock()
 	if bp := m.builds[sn.ID]; bp != nil {
 		v.PullBytesTotal, v.PullBytesDone = bp.total.Load(), bp.done.Load()
+		bp.mu.Lock()
+		v.BuildStep, v.BuildPercent = bp.step, bp.percent
+		bp.mu.Unlock()
 	}
 	m.mu.Unlock()
 	return v
@@ -173,6 +214,7 @@ func (m *Manager) ListSnapshots(ctx context.Context, o store.ListOptions) ([]*Sn
 		return nil, err
 	}
 	o.VisibleTo = authz.ListFilter(p)
+	o.WithBuiltin = true
 	list, err := m.cfg.Store.ListSnapshots(ctx, p.WorkspaceID, o)
 	if err != nil {
 		return nil, err
@@ -224,8 +266,10 @@ func (m *Manager) snapshotByRef(ctx context.Context, workspaceID, ref string) (*
 }
 
 // resolveSnapshot finds the snapshot a create request names: by id, by
-// name, or — when neither is given — the workspace's newest ready snapshot
-// called "default"; the caller must have use of it (authz.BootSnapshot).
+// name, or — when neither is given — the workspace's snapshot called
+// "default", else the built-in one; the caller must have use of it
+// (authz.BootSnapshot). A built-in still building is waited for or
+// answered as pending (awaitBuiltin).
 func (m *Manager) resolveSnapshot(ctx context.Context, workspaceID string, req protocol.CreateSandboxRequest) (*store.Snapshot, error) {
 	var sn *store.Snapshot
 	var err error
@@ -250,6 +294,9 @@ func (m *Manager) resolveSnapshot(ctx context.Context, workspaceID string, req p
 	}
 	if err := m.checkSnapshot(ctx, p, sn, authz.BootSnapshot, sn.ID); err != nil {
 		return nil, err
+	}
+	if sn.WorkspaceID == store.BuiltinWorkspace && sn.Status != protocol.SnapshotReady {
+		return m.awaitBuiltin(ctx, sn, builtinWait(req))
 	}
 	if sn.Status != protocol.SnapshotReady {
 		return nil, fmt.Errorf("snapshot %s is %s, not ready: %w", sn.ID, sn.Status, errdefs.ErrNotReady)

@@ -142,15 +142,16 @@ func (s *SQLite) CreateWorkspace(ctx context.Context, w Workspace) error {
 	})
 }
 
-// GetWorkspace returns the workspace whose id, else whose name, is ref.
+// GetWorkspace returns the workspace whose id, else whose name, is ref
+// (never BuiltinWorkspace).
 func (s *SQLite) GetWorkspace(ctx context.Context, ref string) (*Workspace, error) {
 	return queryOne(ctx, s.db, "workspace", scanWorkspace, ref,
-		`SELECT id, name, created_at FROM workspaces WHERE id=? OR name=? ORDER BY id=? DESC, created_at LIMIT 1`, ref, ref, ref)
+		`SELECT id, name, created_at FROM workspaces WHERE (id=? OR name=?) AND id<>? ORDER BY id=? DESC, created_at LIMIT 1`, ref, ref, BuiltinWorkspace, ref)
 }
 
-// ListWorkspaces lists every workspace, oldest first.
+// ListWorkspaces lists every workspace but BuiltinWorkspace, oldest first.
 func (s *SQLite) ListWorkspaces(ctx context.Context) ([]*Workspace, error) {
-	return queryAll(ctx, s.db, "workspaces", scanWorkspace, `SELECT id, name, created_at FROM workspaces ORDER BY created_at, id`)
+	return queryAll(ctx, s.db, "workspaces", scanWorkspace, `SELECT id, name, created_at FROM workspaces WHERE id<>? ORDER BY created_at, id`, BuiltinWorkspace)
 }
 
 // DeleteWorkspace removes workspace id, its users, keys and registries,

@@ -239,6 +239,12 @@ var migrations = []string{
 	CREATE INDEX IF NOT EXISTS build_cache_used ON build_cache(workspace_id, used_at);
 	ALTER TABLE snapshots ADD COLUMN start_cmd TEXT NOT NULL DEFAULT '';
 	ALTER TABLE snapshots ADD COLUMN ready_cmd TEXT NOT NULL DEFAULT '';`,
+	// 13: built-in snapshots: the package versions a blueprint-built
+	// snapshot holds (a JSON object of name → version; '{}' for other
+	// snapshots), and the workspace row they belong to (BuiltinWorkspace,
+	// which workspace lookups and lists never show).
+	`ALTER TABLE snapshots ADD COLUMN packages TEXT NOT NULL DEFAULT '{}';
+	INSERT OR IGNORE INTO workspaces(id, name, created_at) VALUES('builtin', 'cubicle:builtin', '1970-01-01T00:00:00Z');`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -326,18 +332,18 @@ func isUnique(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
 }
 
-const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag, start_cmd, ready_cmd`
+const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag, start_cmd, ready_cmd, packages`
 
 // snapshotGet selects one snapshot with its run config (rows from before
 // migration 5 keep theirs inline in run_config).
 const snapshotGet = `SELECT s.id, s.workspace_id, s.created_by, s.name, s.status, s.status_message, s.docker_image, s.image_digest,
 	s.registry_id, s.fs_capacity_bytes, COALESCE(r.body, s.run_config), s.layers, s.created_at, s.updated_at, s.source_sandbox_id, s.run_config_id, s.proxy_config,
-	s.labels, s.tag, s.start_cmd, s.ready_cmd FROM snapshots s LEFT JOIN run_configs r ON r.id = s.run_config_id`
+	s.labels, s.tag, s.start_cmd, s.ready_cmd, s.packages FROM snapshots s LEFT JOIN run_configs r ON r.id = s.run_config_id`
 
-// snapshotList selects snapshots without their run configs, so a list
-// costs the same whatever the images' Env.
+// snapshotList selects snapshots without their run configs or packages,
+// so a list costs the same whatever the images' Env.
 const snapshotList = `SELECT id, workspace_id, created_by, name, status, status_message, docker_image, image_digest,
-	registry_id, fs_capacity_bytes, '{}', layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag, start_cmd, ready_cmd FROM snapshots`
+	registry_id, fs_capacity_bytes, '{}', layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag, start_cmd, ready_cmd, '{}' FROM snapshots`
 
 // putRunConfig stores rc once by content and returns its id.
 func putRunConfig(ctx context.Context, tx *sql.Tx, rc protocol.RunConfig) (string, error) {
@@ -388,10 +394,10 @@ func (s *SQLite) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
 				return fmt.Errorf("move tag %s:%s: %w", sn.Name, sn.Tag, err)
 			}
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			sn.ID, sn.WorkspaceID, sn.CreatedBy, sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest,
 			sn.RegistryID, sn.FSCapacityBytes, "{}", string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt), sn.SourceSandboxID, rcID,
-			nullJSON(sn.ProxyConfig), labelsJSON(sn.Labels), sn.Tag, sn.StartCmd, sn.ReadyCmd)
+			nullJSON(sn.ProxyConfig), labelsJSON(sn.Labels), sn.Tag, sn.StartCmd, sn.ReadyCmd, labelsJSON(sn.Packages))
 		if err != nil {
 			return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
 		}
@@ -408,9 +414,9 @@ func (s *SQLite) UpdateSnapshot(ctx context.Context, sn *Snapshot) error {
 			return err
 		}
 		res, err := tx.ExecContext(ctx, `UPDATE snapshots SET name=?, status=?, status_message=?, docker_image=?, image_digest=?, run_config='{}', run_config_id=?, layers=?, labels=?,
-			start_cmd=?, ready_cmd=?, updated_at=? WHERE id=?`,
+			start_cmd=?, ready_cmd=?, updated_at=?, packages=COALESCE(?, packages) WHERE id=?`,
 			sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest, rcID, string(layers), labelsJSON(sn.Labels),
-			sn.StartCmd, sn.ReadyCmd, fmtTime(sn.UpdatedAt), sn.ID)
+			sn.StartCmd, sn.ReadyCmd, fmtTime(sn.UpdatedAt), packagesJSON(sn.Packages), sn.ID)
 		if err != nil {
 			return fmt.Errorf("update snapshot %s: %w", sn.ID, err)
 		}
@@ -459,11 +465,16 @@ func scanSnapshot(row scanner) (*Snapshot, error) {
 	var rc, layers, created, updated string
 	var rcID string
 	var proxy sql.NullString
-	var labels string
+	var labels, packages string
 	if err := row.Scan(&sn.ID, &sn.WorkspaceID, &sn.CreatedBy, &sn.Name, &sn.Status, &sn.StatusMessage, &sn.DockerImage,
 		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated, &sn.SourceSandboxID, &rcID, &proxy,
-		&labels, &sn.Tag, &sn.StartCmd, &sn.ReadyCmd); err != nil {
+		&labels, &sn.Tag, &sn.StartCmd, &sn.ReadyCmd, &packages); err != nil {
 		return nil, err
+	}
+	if packages != "{}" {
+		if err := json.Unmarshal([]byte(packages), &sn.Packages); err != nil {
+			return nil, fmt.Errorf("decode packages of snapshot %s: %w", sn.ID, err)
+		}
 	}
 	if err := json.Unmarshal([]byte(labels), &sn.Labels); err != nil {
 		return nil, fmt.Errorf("decode labels of snapshot %s: %w", sn.ID, err)
@@ -483,7 +494,7 @@ func scanSnapshot(row scanner) (*Snapshot, error) {
 
 // GetSnapshot returns the snapshot with id in workspaceID.
 func (s *SQLite) GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error) {
-	return queryOne(ctx, s.db, "snapshot", scanSnapshot, id, snapshotGet+` WHERE s.workspace_id=? AND s.id=?`, workspaceID, id)
+	return queryOne(ctx, s.db, "snapshot", scanSnapshot, id, snapshotGet+` WHERE s.workspace_id IN (?, ?) AND s.id=?`, workspaceID, BuiltinWorkspace, id)
 }
 
 // SnapshotByName returns snapshot name:tag in workspaceID; with tag ""
@@ -493,8 +504,18 @@ func (s *SQLite) SnapshotByName(ctx context.Context, workspaceID, name, tag stri
 	if tag != "" && tag != "latest" {
 		return queryOne(ctx, s.db, "snapshot", scanSnapshot, name+":"+tag, snapshotGet+` WHERE s.workspace_id=? AND s.name=? AND s.tag=?`, workspaceID, name, tag)
 	}
-	return queryOne(ctx, s.db, "snapshot", scanSnapshot, name, snapshotGet+` WHERE s.workspace_id=? AND s.name=?
-		ORDER BY s.tag = 'latest' DESC, s.created_at DESC LIMIT 1`, workspaceID, name)
+	return queryOne(ctx, s.db, "snapshot", scanSnapshot, name, snapshotGet+` WHERE s.workspace_id IN (?, ?) AND s.name=?
+		ORDER BY s.workspace_id = ? ASC, s.tag = 'latest' DESC, s.status = ? DESC, s.created_at DESC LIMIT 1`,
+		workspaceID, BuiltinWorkspace, name, BuiltinWorkspace, protocol.SnapshotReady)
+}
+
+// packagesJSON is packages as UpdateSnapshot writes them: NULL (keep the
+// stored ones) when nil.
+func packagesJSON(packages map[string]string) any {
+	if packages == nil {
+		return nil
+	}
+	return labelsJSON(packages)
 }
 
 // labelsJSON encodes labels as stored: a JSON object, never null.
@@ -586,7 +607,7 @@ func visibleClause(kind, user string) (string, []any) {
 	case "sandboxes":
 		return ` AND (created_by=?` + shared + `)`, []any{user, ShareSandbox, user}
 	case "snapshots":
-		return ` AND (created_by=?` + shared + `)`, []any{user, ShareSnapshot, user}
+		return ` AND (workspace_id=? OR created_by=?` + shared + `)`, []any{BuiltinWorkspace, user, ShareSnapshot, user}
 	default:
 		return ` AND created_by=?`, []any{user}
 	}
@@ -599,7 +620,11 @@ func (s *SQLite) ListSnapshots(ctx context.Context, workspaceID string, o ListOp
 	if err != nil {
 		return nil, err
 	}
-	return queryAll(ctx, s.db, "snapshots", scanSnapshot, snapshotList+` WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
+	where, wargs := ` WHERE workspace_id=?`, []any{workspaceID}
+	if o.WithBuiltin {
+		where, wargs = ` WHERE workspace_id IN (?, ?)`, []any{workspaceID, BuiltinWorkspace}
+	}
+	return queryAll(ctx, s.db, "snapshots", scanSnapshot, snapshotList+where+clause, append(wargs, args...)...)
 }
 
 // SnapshotsWithStatus lists every workspace's snapshots in status, with

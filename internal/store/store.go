@@ -141,7 +141,17 @@ type Snapshot struct {
 	Tag string
 	// Labels are key/value metadata (never nil once read).
 	Labels map[string]string
+	// Packages maps each package a blueprint installed to its version
+	// (nil for other snapshots, and in lists; UpdateSnapshot keeps the
+	// stored ones when nil).
+	Packages map[string]string
 }
+
+// BuiltinWorkspace holds the instance's built-in snapshots (the default
+// computer): every workspace's GetSnapshot and SnapshotByName see them
+// beside its own (its own first, by name), and ListSnapshots with
+// WithBuiltin lists them. No key belongs to it.
+const BuiltinWorkspace = "builtin"
 
 // Sandbox is one isolated machine. Records are written only by the sandbox
 // manager.
@@ -244,6 +254,8 @@ type ListOptions struct {
 	VisibleTo string
 	// CreatedBy, when set, keeps the records that user created.
 	CreatedBy string
+	// WithBuiltin adds BuiltinWorkspace's records (snapshots only).
+	WithBuiltin bool
 	// Status, when set, keeps the records in that status.
 	Status string
 	// Labels keep the records that match every selector (sandboxes and
@@ -324,6 +336,9 @@ type Store interface {
 	// image, digest, run config, layers, labels and start command.
 	UpdateSnapshot(ctx context.Context, s *Snapshot) error
 	GetSnapshot(ctx context.Context, workspaceID, id string) (*Snapshot, error)
+	// GetSnapshot and SnapshotByName (with tag "" or "latest") also find
+	// BuiltinWorkspace's snapshots; by name, workspaceID's own come first,
+	// then a ready built-in before a building one.
 	// SnapshotByName returns snapshot name:tag of workspaceID; tag "" or
 	// "latest" is name:latest, else the newest snapshot called name.
 	SnapshotByName(ctx context.Context, workspaceID, name, tag string) (*Snapshot, error)

@@ -169,7 +169,9 @@ func (d *daemon) start() {
 	d.logs = &syncBuffer{}
 	args := []string{"serve", "--listen", d.listen, "--data-dir", d.dataDir, "--runtime", d.runtime, "--runsc", runsc}
 	d.cmd = exec.Command(bin, append(args, d.extraArgs...)...)
-	d.cmd.Env = append(append(os.Environ(), "CUBICLE_BOOTSTRAP_API_KEY="+testKey), d.extraEnv...)
+	// No built-in default computer unless a test opts in with
+	// CUBICLE_DEFAULT_IMAGE in its env (building it takes a minute).
+	d.cmd.Env = append(append(os.Environ(), "CUBICLE_BOOTSTRAP_API_KEY="+testKey, "CUBICLE_DEFAULT_IMAGE=none"), d.extraEnv...)
 	d.cmd.Stdout, d.cmd.Stderr = d.logs, d.logs
 	d.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := d.cmd.Start(); err != nil {

@@ -85,6 +85,20 @@ type Snapshot struct {
 	PullBytesTotal int64 `json:"pull_bytes_total,omitempty"`
 	PullBytesDone  int64 `json:"pull_bytes_done,omitempty"`
 
+	// BuildStep and BuildPercent are a Cubicle extension reported while a
+	// built-in snapshot (the default computer) is building: what the
+	// build is doing and an estimate of how much of it is done (0–100).
+	// Both are omitted once the build is over.
+	BuildStep    string `json:"build_step,omitempty"`
+	BuildPercent int    `json:"build_percent,omitempty"`
+	// Builtin marks a snapshot of the server's own (the default
+	// computer): every workspace can boot it, none can delete or change
+	// it, and a workspace's own snapshot of the same name overrides it.
+	Builtin bool `json:"builtin,omitempty"`
+	// Packages maps each package a built-in snapshot's blueprint
+	// installed to its version (GET of one snapshot only).
+	Packages map[string]string `json:"packages,omitempty"`
+
 	// Tag is the snapshot's Docker-style tag under its name ("" when a
 	// newer snapshot of the name took it); name:tag addresses it.
 	Tag string `json:"tag,omitempty"`

@@ -1,0 +1,155 @@
+package blueprint
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDefaultRecipe: the default computer is Debian stable, pinned by
+// codename, with every tool the issue promises, a user with sudo whose
+// home is the working directory, and a UTF-8 locale.
+func TestDefaultRecipe(t *testing.T) {
+	r := Default()
+	if r.Name != "default" || r.Suite != "bookworm" {
+		t.Fatalf("default recipe %s on %s; want default on bookworm", r.Name, r.Suite)
+	}
+	for _, p := range []string{"python3", "python-is-python3", "python3-pip", "python3-venv", "nodejs", "npm", "git", "curl",
+		"wget", "ca-certificates", "build-essential", "procps", "jq", "unzip", "less", "sudo"} {
+		if !slices.Contains(r.Packages, p) {
+			t.Errorf("default recipe lacks %s", p)
+		}
+	}
+	if r.User != "user" || r.Home() != "/home/user" {
+		t.Errorf("user %q home %q; want user in /home/user", r.User, r.Home())
+	}
+	if !slices.Contains(r.Env, "LANG=C.UTF-8") {
+		t.Errorf("env %q lacks LANG=C.UTF-8", r.Env)
+	}
+	s := r.script()
+	for _, want := range []string{
+		`exit 101\n' >/usr/sbin/policy-rc.d`,               // no service starts in the chroot
+		"deb http://deb.debian.org/debian bookworm main\n", // the pinned suite
+		"deb http://deb.debian.org/debian-security bookworm-security main\n",
+		"--no-install-recommends install " + strings.Join(r.Packages, " ") + "\n",
+		"useradd --create-home --shell /bin/bash --uid 1000 --user-group --groups sudo user\n",
+		"ln -s /.cubicle/cubicle /usr/bin/sudo\n",
+		"user ALL=(ALL) NOPASSWD:ALL",
+		"dpkg-query -W -f '${Package}\\t${Version}\\n' >" + manifestPath,
+		"rm -f /usr/sbin/policy-rc.d",
+	} {
+		if !strings.Contains(s, want) {
+			t.Errorf("script lacks %q:\n%s", want, s)
+		}
+	}
+	if strings.Index(s, "rm -f /usr/sbin/policy-rc.d") < strings.Index(s, "install ") {
+		t.Errorf("policy-rc.d is removed before the install")
+	}
+}
+
+// TestKey: the key ignores package order and changes with anything that
+// changes what is built.
+func TestKey(t *testing.T) {
+	base := Default()
+	shuffled := Default()
+	slices.Reverse(shuffled.Packages)
+	if base.Key() != shuffled.Key() {
+		t.Errorf("package order changed the key")
+	}
+	for name, change := range map[string]func(*Recipe){
+		"suite":    func(r *Recipe) { r.Suite = "trixie" },
+		"package":  func(r *Recipe) { r.Packages = append(r.Packages, "vim") },
+		"user":     func(r *Recipe) { r.User = "dev" },
+		"env":      func(r *Recipe) { r.Env = append(r.Env, "X=1") },
+		"revision": func(r *Recipe) { r.Revision++ },
+		"mirror":   func(r *Recipe) { r.Mirror = "http://mirror.example/debian" },
+	} {
+		r := Default()
+		change(&r)
+		if r.Key() == base.Key() {
+			t.Errorf("changing the %s kept the key", name)
+		}
+	}
+}
+
+// TestParseManifest: dpkg-query's lines become a map; a malformed line
+// is an error, not a silent gap.
+func TestParseManifest(t *testing.T) {
+	got, err := parseManifest(strings.NewReader("python3\t3.11.2-1+b1\nnodejs\t18.20.4+dfsg-1~deb12u3\n\n"))
+	if err != nil || len(got) != 2 || got["python3"] != "3.11.2-1+b1" || got["nodejs"] != "18.20.4+dfsg-1~deb12u3" {
+		t.Fatalf("parseManifest = %v, %v", got, err)
+	}
+	if _, err := parseManifest(strings.NewReader("python3 3.11\n")); err == nil {
+		t.Fatal("a line without a tab parsed")
+	}
+}
+
+// TestProgress: debootstrap's and apt's output move one percentage that
+// never goes back, through the phases in order.
+func TestProgress(t *testing.T) {
+	var got []Progress
+	r := newReporter(func(p Progress) { got = append(got, p) })
+	r.debootstrapLine("I: Retrieving InRelease")
+	r.debootstrapLine("W: something unrelated")
+	r.debootstrapLine("I: Extracting libc6...")
+	r.debootstrapLine("I: Base system installed successfully.")
+	r.aptStatus("dlstatus:1:50:Retrieving file 1 of 4")
+	r.aptStatus(installMarker)
+	r.aptStatus("dlstatus:3:50.5:Retrieving file 3 of 300")
+	r.aptStatus("pmstatus:gcc-12:80:Installing gcc-12")
+	r.aptStatus("dlstatus:garbage")
+	r.debootstrapLine("I: Retrieving late") // lower than where we are: the percentage holds
+	want := []Progress{
+		{"debootstrap: Retrieving InRelease", 2}, {"debootstrap: Extracting libc6...", 12},
+		{"debootstrap: Base system installed successfully.", 25}, {"apt-get update: Retrieving file 1 of 4", 27},
+		{"downloading packages", 30}, {"downloading packages: Retrieving file 3 of 300", 40},
+		{"installing packages: Installing gcc-12", 82}, {"debootstrap: Retrieving late", 82},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("progress:\n got %v\nwant %v", got, want)
+	}
+}
+
+// TestPackReproducible: packing the same tree twice, with different
+// mtimes and creation order, gives the same bytes.
+func TestPackReproducible(t *testing.T) {
+	if _, err := exec.LookPath("tar"); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	pack := func(order []string, mtime time.Time) []byte {
+		root := t.TempDir()
+		for _, name := range order {
+			p := filepath.Join(root, name)
+			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(p, []byte(name), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chtimes(p, mtime, mtime); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out := filepath.Join(t.TempDir(), "rootfs.tar")
+		if b, err := packCommand(ctx, root, out).CombinedOutput(); err != nil {
+			t.Fatalf("pack: %v\n%s", err, b)
+		}
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	a := pack([]string{"etc/a", "usr/bin/b", "usr/lib/c"}, time.Unix(1, 0))
+	b := pack([]string{"usr/lib/c", "etc/a", "usr/bin/b"}, time.Now())
+	if !bytes.Equal(a, b) {
+		t.Fatalf("two packs of the same tree differ (%d and %d bytes)", len(a), len(b))
+	}
+}
