@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"io"
 	"mime"
 	"net/http"
@@ -141,15 +140,8 @@ func (s *Server) buildLog(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := cancelOn(r.Context(), s.draining)
 	defer cancel()
-	go func() {
-		select {
-		case <-s.draining:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(http.StatusOK)

@@ -87,15 +87,8 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		writeError(r.Context(), w, err)
 		return
 	}
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := cancelOn(r.Context(), conn.Gone)
 	defer cancel()
-	go func() {
-		select {
-		case <-conn.Gone:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	stdout, stderr := &cappedOutput{max: s.execOutputLimit}, &cappedOutput{max: s.execOutputLimit}
 	outw, errw, recorded := s.recordExecute(r, conn, &f, req, stdout, stderr)
 	ctx, done := s.tel.Exec(ctx, "http", r.PathValue("id"), f.CommandID)

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
@@ -57,4 +58,18 @@ func caller(r *http.Request) auth.Principal {
 func admin(r *http.Request, op authz.Admin) (auth.Principal, error) {
 	p := caller(r)
 	return p, authz.Require(p, op)
+}
+
+// cancelOn returns a child of ctx that is also cancelled when done closes
+// (the sandbox instance went away, the server is draining).
+func cancelOn(ctx context.Context, done <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
 }

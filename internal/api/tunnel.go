@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"net/http"
 
 	"github.com/coder/websocket"
@@ -29,15 +28,8 @@ func (s *Server) openTunnel(w http.ResponseWriter, r *http.Request) {
 	}
 	ws.SetReadLimit(tunnelMessageLimit)
 	// The session ends with this instance of the sandbox.
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := cancelOn(r.Context(), dp.Gone)
 	defer cancel()
-	go func() {
-		select {
-		case <-dp.Gone:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
 	conn := websocket.NetConn(ctx, ws, websocket.MessageBinary)
 	err = tunnel.Serve(ctx, conn, tunnel.Config{Dial: dp.DialPort, Allowed: dp.PortAllowed, Log: s.log})
 	if err != nil {
