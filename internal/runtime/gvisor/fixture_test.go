@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -205,14 +206,24 @@ func rootFS(tb testing.TB) (merged, upper string) {
 
 // netNS creates a network namespace with eth0 = <ip>/30 and a default route
 // via the host end of a veth pair, like the network package does, and
-// returns its path and the sandbox's address.
+// returns its path and the sandbox's address. A /30 whose host address is
+// already on the host (a killed test run's leftover veth) is skipped: its
+// route would capture this sandbox's traffic.
 func netNS(tb testing.TB) (path, ip string) {
 	e := requireEnv(tb)
-	n := e.netSeq.Add(1)
+	var n int32
+	var hostIP, sbIP string
+	for {
+		n = e.netSeq.Add(1)
+		a, b := n/64, (n%64)*4
+		hostIP, sbIP = fmt.Sprintf("10.213.%d.%d", a, b+1), fmt.Sprintf("10.213.%d.%d", a, b+2)
+		if !hostHas(tb, hostIP) {
+			break
+		}
+		tb.Logf("skipping %s/30: already on the host", hostIP)
+	}
 	name := fmt.Sprintf("gvt%d-%d", os.Getpid(), n)
 	host := fmt.Sprintf("gvt%dh%d", os.Getpid()%100000, n)
-	a, b := n/64, (n%64)*4
-	hostIP, sbIP := fmt.Sprintf("10.213.%d.%d", a, b+1), fmt.Sprintf("10.213.%d.%d", a, b+2)
 	cmds := [][]string{
 		{"netns", "add", name},
 		{"link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", name},
@@ -233,6 +244,20 @@ func netNS(tb testing.TB) (path, ip string) {
 		}
 	}
 	return "/run/netns/" + name, sbIP
+}
+
+// hostHas reports whether ip is an address of one of the host's links.
+func hostHas(tb testing.TB, ip string) bool {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.String() == ip {
+			return true
+		}
+	}
+	return false
 }
 
 // sandbox is one started test sandbox.
