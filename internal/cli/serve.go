@@ -18,6 +18,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/blueprint"
+	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/filerec"
 	"github.com/cubicle-dev/cubicle/internal/health"
 	"github.com/cubicle-dev/cubicle/internal/identity"
@@ -322,6 +323,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	}
 	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
 		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Observer: tel,
+		Faults:   fault.FromEnv(log),
 		Recorder: rec, BuildDir: filepath.Join(f.dataDir, "builds"), BuildCacheBytes: buildCache})
 	if err != nil {
 		return err

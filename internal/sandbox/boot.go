@@ -8,6 +8,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
+	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -127,6 +128,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	if err != nil {
 		return err
 	}
+	m.cfg.Faults.Hit(fault.BootPrepared)
 	if !inst.restored {
 		if err := m.runStart(ctx, sb, sn, inst.client); err != nil {
 			return &BootError{Err: err}

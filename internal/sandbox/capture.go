@@ -10,6 +10,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/sandboxfs"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -106,6 +107,7 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 		return nil, err
 	}
 	defer release()
+	defer m.holdTransient(sn.ID)()
 	var undo cleanup.Stack
 	defer undo.Run(ctx)
 	start := time.Now()
@@ -118,6 +120,7 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 		return nil, err
 	}
 	undo.Push(func(ctx context.Context) error { return m.cfg.Storage.RemoveCapture(ctx, sn.ID) })
+	m.cfg.Faults.Hit(fault.CaptureLayered)
 	sn.Layers = append(slices.Clip(parent.Layers), layer)
 	if err := m.cfg.Store.CreateSnapshot(ctx, sn); err != nil {
 		return nil, err

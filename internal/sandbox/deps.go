@@ -41,6 +41,11 @@ type Storage interface {
 	Usage(ctx context.Context, ids, snaps []string) (map[string]int64, error)
 	// List returns the ids that hold storage.
 	List(ctx context.Context) ([]string, error)
+	// ListCaptures returns the ids captured layers are kept under.
+	ListCaptures(ctx context.Context) ([]string, error)
+	// QuarantineCapture moves capture snap's layer and memory image aside
+	// (never deleting them), returning where.
+	QuarantineCapture(ctx context.Context, snap string) (string, error)
 	// Quarantine unmounts id's rootfs and moves what it wrote aside
 	// (never deleting it), returning where ("" if it wrote nothing).
 	Quarantine(ctx context.Context, id string) (string, error)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/storage"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -106,6 +107,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		}
 		return nil, fmt.Errorf("fork %s: %w", name, err)
 	}
+	m.cfg.Faults.Hit(fault.ForkRecorded)
 	out := &ForkResult{Snapshot: v.Snapshot, Sandboxes: make([]*store.Sandbox, req.Count)}
 	errs := make([]error, req.Count)
 	var wg sync.WaitGroup

@@ -15,6 +15,7 @@ const (
 	LeftoverRuntime = "runtime" // a driver instance or its state
 	LeftoverNetwork = "network" // a netns, veth pair and address
 	LeftoverStorage = "storage" // a rootfs mount, storage dir or volume
+	LeftoverCapture = "capture" // a captured layer no snapshot or build cache entry holds
 )
 
 // Leftover is host state held under a runtime id that no sandbox record
@@ -23,7 +24,8 @@ const (
 type Leftover = protocol.Leftover
 
 // Leftovers lists the runtime instances, network endpoints and storage
-// held by ids no sandbox record has, in that order, each sorted by id.
+// held by ids no sandbox record has, then captured layers no snapshot or
+// build cache entry has, in that order, each sorted by id.
 func (m *Manager) Leftovers(ctx context.Context) ([]Leftover, error) {
 	sandboxes, err := m.cfg.Store.AllSandboxes(ctx)
 	if err != nil {
@@ -60,6 +62,39 @@ func (m *Manager) Leftovers(ctx context.Context) ([]Leftover, error) {
 			}
 		}
 	}
+	captures, err := m.captureLeftovers(ctx)
+	return append(out, captures...), err
+}
+
+// captureLeftovers lists captured layers (and memory images) that no
+// snapshot, build cache entry or sandbox holds (a crash between a capture
+// and its record); a capture in progress holds its id (holdTransient). While a
+// Dockerfile build runs it reports none: a build's fresh layer is
+// recorded only when its step ends (the cache's pruning waits the same way).
+func (m *Manager) captureLeftovers(ctx context.Context) ([]Leftover, error) {
+	if !m.buildGate.TryLock() {
+		return nil, nil
+	}
+	defer m.buildGate.Unlock()
+	owners, err := m.cfg.Store.LayerOwners(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list capture leftovers: %w", err)
+	}
+	ids, err := m.cfg.Storage.ListCaptures(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list capture leftovers: %w", err)
+	}
+	m.mu.Lock()
+	for id := range m.transient {
+		owners[id] = true
+	}
+	m.mu.Unlock()
+	var out []Leftover
+	for _, id := range ids {
+		if !owners[id] {
+			out = append(out, Leftover{Kind: LeftoverCapture, ID: id})
+		}
+	}
 	return out, nil
 }
 
@@ -84,6 +119,8 @@ func (m *Manager) CleanLeftovers(ctx context.Context) ([]Leftover, error) {
 			err = m.cfg.Network.Teardown(ctx, l.ID)
 		case LeftoverStorage:
 			l.Moved, err = m.cfg.Storage.Quarantine(ctx, l.ID)
+		case LeftoverCapture:
+			l.Moved, err = m.cfg.Storage.QuarantineCapture(ctx, l.ID)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("clean %s leftover %s: %w", l.Kind, l.ID, err))
@@ -95,8 +132,9 @@ func (m *Manager) CleanLeftovers(ctx context.Context) ([]Leftover, error) {
 	return done, errors.Join(errs...)
 }
 
-// holdTransient marks runtime id rid as in use without a record (a build
-// step) until the returned release is called.
+// holdTransient marks id as in use without a record (a build step's
+// runtime id, a capture's snapshot id) until the returned release is
+// called.
 func (m *Manager) holdTransient(rid string) (release func()) {
 	m.mu.Lock()
 	m.transient[rid] = true

@@ -74,3 +74,32 @@ func TestLeftoversSkipTransientIDs(t *testing.T) {
 		t.Fatalf("leftovers after the step let go: %v %v", left, err)
 	}
 }
+
+// TestCaptureLeftovers: a captured layer no snapshot holds (a crash
+// between the capture and its record) is a leftover, moved aside on
+// cleanup; layers of recorded snapshots and memory images of sandboxes
+// are not.
+func TestCaptureLeftovers(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	sb := e.create(t, member, "box")
+	for _, id := range []string{"orphan-snap", e.snap.ID, sb.ID} {
+		if err := os.MkdirAll(filepath.Join(e.storage.Root, "captures", id, "layer"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	left, err := e.m.Leftovers(ctx)
+	if err != nil || len(left) != 1 || left[0] != (Leftover{Kind: LeftoverCapture, ID: "orphan-snap"}) {
+		t.Fatalf("leftovers: %+v %v", left, err)
+	}
+	done, err := e.m.CleanLeftovers(ctx)
+	if err != nil || len(done) != 1 || done[0].Moved == "" {
+		t.Fatalf("clean: %+v %v", done, err)
+	}
+	if _, err := os.Stat(filepath.Join(done[0].Moved, "layer")); err != nil {
+		t.Fatalf("the orphaned layer was not kept aside: %v", err)
+	}
+	if left, err := e.m.Leftovers(ctx); err != nil || len(left) != 0 {
+		t.Fatalf("leftovers after cleaning: %+v %v", left, err)
+	}
+}

@@ -33,6 +33,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -83,6 +84,8 @@ type Config struct {
 	// Observer sees create, start, stop, capture and fork with their
 	// phases (observe.go); nil observes nothing.
 	Observer Observer
+	// Faults are the crash points of crash-consistency tests (nil: none).
+	Faults *fault.Injector
 	// Recorder receives lifecycle events for the audit record; nil
 	// records nothing.
 	Recorder Recorder
@@ -131,9 +134,10 @@ type Manager struct {
 	mu     sync.Mutex
 	boxes  map[string]*box           // per sandbox id
 	builds map[string]*buildProgress // per snapshot id, while building
-	// transient are the runtime ids of record-less instances and volumes
-	// in use now (Dockerfile build steps), which Leftovers must not take
-	// for leftovers.
+	// transient are ids in use now without a record of their own —
+	// Dockerfile build steps' runtime ids, captures' snapshot ids before
+	// the snapshot is recorded — which Leftovers must not take for
+	// leftovers.
 	transient map[string]bool
 	// buildLogs are Dockerfile builds' step logs (build.go).
 	buildLogs buildLogs

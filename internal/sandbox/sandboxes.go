@@ -12,6 +12,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/google/uuid"
@@ -34,6 +35,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 	}); err != nil {
 		return nil, err
 	}
+	m.cfg.Faults.Hit(fault.CreateRecorded)
 	return m.bootNew(ctx, sb, sn, req)
 }
 
@@ -238,6 +240,7 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) (err 
 	if err := m.cfg.Storage.Unmount(ctx, rid); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
 	}
+	m.cfg.Faults.Hit(fault.StopHalted)
 	return m.transition(ctx, sb, Stopped, msg)
 }
 
@@ -349,6 +352,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	}
 	m.discardMemory(sb.ID)
 	m.egressDown(ctx, sb.ID)
+	m.cfg.Faults.Hit(fault.DeleteTornDown)
 	if err := m.transition(ctx, sb, Gone, ""); err != nil {
 		return err
 	}

@@ -73,3 +73,50 @@ func (o *Overlays) Quarantine(ctx context.Context, id string) (string, error) {
 	}
 	return dst, nil
 }
+
+// ListCaptures returns the ids captured layers are kept under (a layer
+// volume, a memory image, or both), sorted.
+func (o *Overlays) ListCaptures(context.Context) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(o.cow.Root(), volSnapshots))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("list captures: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, e := range ents {
+		if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+			seen[strings.TrimSuffix(e.Name(), ".mem")] = true
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// QuarantineCapture moves capture snap's layer volume and memory image to
+// <cow>/orphans/<snap>-<unix time>[.mem], returning the layer's new path.
+func (o *Overlays) QuarantineCapture(ctx context.Context, snap string) (string, error) {
+	orphans := filepath.Join(o.cow.Root(), volOrphans)
+	if err := os.MkdirAll(orphans, 0o700); err != nil {
+		return "", fmt.Errorf("quarantine capture %s: %w", snap, err)
+	}
+	dst := filepath.Join(orphans, fmt.Sprintf("%s-%d", snap, time.Now().Unix()))
+	layer := filepath.Dir(o.CaptureLayer(snap))
+	if _, err := os.Lstat(layer); err == nil {
+		// A captured layer is a read-only subvolume, which rename(2)
+		// refuses to move: snapshot it (O(1), sharing every extent) to
+		// its new place, then drop the original.
+		if err := o.cow.Snapshot(ctx, layer, dst, true); err != nil {
+			return "", fmt.Errorf("quarantine capture %s: %w", snap, err)
+		}
+		if err := o.cow.Delete(ctx, layer); err != nil {
+			return "", fmt.Errorf("quarantine capture %s: %w", snap, err)
+		}
+	}
+	if err := os.Rename(o.MemoryDir(snap), dst+".mem"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("quarantine capture %s: %w", snap, err)
+	}
+	return dst, nil
+}

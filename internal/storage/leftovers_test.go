@@ -51,5 +51,24 @@ func TestListAndQuarantine(t *testing.T) {
 	if ids, err := o.List(ctx); err != nil || !slices.Equal(ids, []string{"b2"}) {
 		t.Fatalf("List after quarantine = %v, %v", ids, err)
 	}
+
+	// A captured layer is a read-only subvolume: quarantining it keeps
+	// its files and drops it from the list.
+	if _, err := o.Capture(ctx, "b2", "snapx"); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := o.ListCaptures(ctx); err != nil || !slices.Equal(ids, []string{"snapx"}) {
+		t.Fatalf("ListCaptures = %v, %v", ids, err)
+	}
+	moved, err = o.QuarantineCapture(ctx, "snapx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(moved, "upper", "f")); err != nil || string(b) != "b2" {
+		t.Fatalf("quarantined capture: %q %v", b, err)
+	}
+	if ids, err := o.ListCaptures(ctx); err != nil || len(ids) != 0 {
+		t.Fatalf("ListCaptures after quarantine = %v, %v", ids, err)
+	}
 	o.Remove(ctx, "b2")
 }

@@ -803,6 +803,27 @@ func (s *SQLite) AllSandboxes(ctx context.Context) ([]*Sandbox, error) {
 	return queryAll(ctx, s.db, "sandboxes", scanSandbox, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at`)
 }
 
+// LayerOwners implements Store.
+func (s *SQLite) LayerOwners(ctx context.Context) (map[string]bool, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id FROM snapshots UNION SELECT layer_id FROM build_cache UNION SELECT id FROM sandboxes`)
+	if err != nil {
+		return nil, fmt.Errorf("list layer owners: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]bool{}
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("list layer owners: %w", err)
+		}
+		out[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list layer owners: %w", err)
+	}
+	return out, nil
+}
+
 // CountSandboxesUsingSnapshot counts sandboxes booted from snapshot id.
 func (s *SQLite) CountSandboxesUsingSnapshot(ctx context.Context, id string) (int, error) {
 	var n int

@@ -384,3 +384,32 @@ func TestUpdateSnapshotBuildResult(t *testing.T) {
 		t.Fatalf("after update: %+v, %v", got, err)
 	}
 }
+
+// TestLayerOwners: snapshot ids, build-cache layer ids and sandbox ids,
+// of every workspace, own layers; nothing else does.
+func TestLayerOwners(t *testing.T) {
+	ctx := context.Background()
+	st := openTest(t, filepath.Join(t.TempDir(), "c.db"))
+	now := time.Now().UTC()
+	for _, ws := range []string{"w1", "w2"} {
+		if err := st.EnsureWorkspace(ctx, Workspace{ID: ws, Name: ws, CreatedAt: now}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.CreateSnapshot(ctx, &Snapshot{ID: "snap1", WorkspaceID: "w1", Name: "a", Status: protocol.SnapshotReady, CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.CreateSandbox(ctx, &Sandbox{ID: "sb1", WorkspaceID: "w2", Name: "b", Status: protocol.StatusReady, SnapshotID: "snap1", CreatedAt: now, UpdatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutBuildCache(ctx, &BuildCacheEntry{WorkspaceID: "w2", Key: "k", LayerID: "layer1", Layer: "/l", CreatedAt: now, UsedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := st.LayerOwners(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || !got["snap1"] || !got["sb1"] || !got["layer1"] {
+		t.Fatalf("owners %v", got)
+	}
+}

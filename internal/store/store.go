@@ -370,6 +370,10 @@ type Store interface {
 	ListSandboxes(ctx context.Context, workspaceID string, o ListOptions) ([]*Sandbox, error)
 	// AllSandboxes lists every workspace's sandboxes (recovery, reaping).
 	AllSandboxes(ctx context.Context) ([]*Sandbox, error)
+	// LayerOwners returns every id a captured layer or memory image may be
+	// kept under: all snapshot ids, build-cache layer ids and sandbox ids
+	// (a memory-preserving stop's image), of every workspace.
+	LayerOwners(ctx context.Context) (map[string]bool, error)
 	// CountSandboxesUsingSnapshot counts sandboxes created from snapshot id.
 	CountSandboxesUsingSnapshot(ctx context.Context, id string) (int, error)
 	// SetSandboxSnapshot re-points sandbox id at snapshot snapshotID (a

@@ -113,6 +113,29 @@ func (s *Storage) Quarantine(ctx context.Context, id string) (string, error) {
 	return dst, os.Rename(filepath.Join(s.Root, "sandboxes", id), dst)
 }
 
+// ListCaptures implements sandbox.Storage.
+func (s *Storage) ListCaptures(context.Context) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(s.Root, "captures"))
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range ents {
+		ids = append(ids, e.Name())
+	}
+	return ids, nil
+}
+
+// QuarantineCapture implements sandbox.Storage: snap's layer moves to
+// Root/orphans/snap.
+func (s *Storage) QuarantineCapture(_ context.Context, snap string) (string, error) {
+	dst := filepath.Join(s.Root, "orphans", snap)
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return "", err
+	}
+	return dst, os.Rename(filepath.Join(s.Root, "captures", snap), dst)
+}
+
 // Exists reports whether id has any data left.
 func (s *Storage) Exists(id string) bool {
 	_, err := os.Stat(filepath.Join(s.Root, "sandboxes", id))
