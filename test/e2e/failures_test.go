@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,20 +85,32 @@ func killPID(t *testing.T, what string, pids []int) {
 	}
 }
 
-// waitStopped polls sandbox name until it is no longer ready and returns it.
-func waitStopped(t *testing.T, c *cubicle.Client, name string, within time.Duration) *protocol.Sandbox {
+// stopData is a stopped event's data.
+type stopData struct {
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+}
+
+// waitStopEvent waits for a stopped event in sandbox name's record.
+func waitStopEvent(t *testing.T, c *cubicle.Client, name string, within time.Duration) stopData {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	for {
-		sb, err := c.GetSandbox(context.Background(), name)
+		list, err := c.Audit(context.Background(), name, cubicle.AuditOptions{Limit: 1000})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if sb.Status != protocol.StatusReady {
-			return sb
+		for _, e := range list.Items {
+			if e.Type == protocol.EventStopped {
+				var d stopData
+				if err := json.Unmarshal(e.Data, &d); err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s still ready %v after its process was killed", name, within)
+			t.Fatalf("no stopped event in %s's record %v after its process was killed", name, within)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -105,7 +118,8 @@ func waitStopped(t *testing.T, c *cubicle.Client, name string, within time.Durat
 
 // TestSandboxProcessKilled kills, from outside, each process a sandbox
 // lives on while an exec is pending in it: gVisor's Sentry (the runsc
-// sandbox process), its gofer, the agent (PID 1, killed through runsc),
+// sandbox process), its gofer, the agent (PID 1, crashed by a SIGABRT
+// sent through runsc),
 // and the namespace sandbox's PID 1. Each time the pending exec ends
 // promptly with an error, the sandbox is marked stopped with the reason,
 // start brings it back with its files, and a neighbour keeps running.
@@ -114,21 +128,26 @@ func TestSandboxProcessKilled(t *testing.T) {
 	type victim struct {
 		runtime, name string
 		kill          func(t *testing.T, d *daemon, rid string)
+		cause         string // in the status message
 	}
 	runscKill := func(t *testing.T, d *daemon, rid string) {
 		_, runsc := binaries(t)
 		root := filepath.Join(d.dataDir, "runtime", "gvisor", "runsc")
-		if out, err := exec.Command(runsc, "--root", root, "kill", rid, "KILL").CombinedOutput(); err != nil {
+		if out, err := exec.Command(runsc, "--root", root, "kill", rid, "ABRT").CombinedOutput(); err != nil {
 			t.Fatalf("runsc kill: %v %s", err, out)
 		}
 	}
 	for _, v := range []victim{
-		{"gvisor", "sentry", func(t *testing.T, _ *daemon, rid string) { killPID(t, "sentry", hostProcs("runsc-sandbox", "boot", rid)) }},
-		{"gvisor", "gofer", func(t *testing.T, _ *daemon, rid string) { killPID(t, "gofer", hostProcs("runsc-gofer", "gofer", rid)) }},
-		{"gvisor", "agent", runscKill},
+		{"gvisor", "sentry", func(t *testing.T, _ *daemon, rid string) {
+			killPID(t, "sentry", hostProcs("runsc-sandbox", "boot", rid))
+		}, "its Sentry (the runsc sandbox process) was killed"},
+		{"gvisor", "gofer", func(t *testing.T, _ *daemon, rid string) {
+			killPID(t, "gofer", hostProcs("runsc-gofer", "gofer", rid))
+		}, "its gofer (the runsc process serving its files) died"},
+		{"gvisor", "agent", runscKill, "its PID 1 (the agent) exited: exit status 2"},
 		{"namespace", "pid1", func(t *testing.T, _ *daemon, rid string) {
 			killPID(t, "pid 1", []int{namespacePID1(t, rid)})
-		}},
+		}, "exited unexpectedly"},
 	} {
 		t.Run(v.runtime+"/"+v.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -161,12 +180,21 @@ func TestSandboxProcessKilled(t *testing.T) {
 			case <-time.After(15 * time.Second):
 				t.Fatal("the pending exec still hangs 15 s after the kill")
 			}
-			got := waitStopped(t, c, sb.Name, 15*time.Second)
-			if got.Status != protocol.StatusStopped || !strings.Contains(got.StatusMessage, "exited unexpectedly") {
+			// The daemon records the stop and why. The SDK's exec may
+			// reconnect once, and that dataplane request starts the
+			// sandbox again: then it is ready, else stopped with the why.
+			stop := waitStopEvent(t, c, sb.Name, 15*time.Second)
+			if stop.Reason != protocol.StopCrash || !strings.Contains(stop.Message, v.cause) {
+				t.Fatalf("stopped event %+v, want reason %s and %q", stop, protocol.StopCrash, v.cause)
+			}
+			t.Logf("stopped: %s", stop.Message)
+			got, err := c.GetSandbox(ctx, sb.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Status != protocol.StatusReady && (got.Status != protocol.StatusStopped || got.StatusMessage != stop.Message) {
 				t.Fatalf("after the kill: %s (%q)", got.Status, got.StatusMessage)
 			}
-			t.Logf("status: %s (%s)", got.Status, got.StatusMessage)
-
 			if out := mustRun(t, c, nb.Name, "echo alive"); out != "alive\n" {
 				t.Fatalf("neighbour answers %q", out)
 			}

@@ -248,6 +248,10 @@ func (d *Driver) runDetached(ctx context.Context, id, dir, image, token string) 
 	args := []string{"--log", logPath, "--log-format=text"}
 	if d.debugDir != "" {
 		args = append(args, "--debug", "--debug-log", filepath.Join(d.debugDir, id)+"/")
+	} else {
+		// The Sentry's own log at info level (a few dozen lines), which
+		// says why it exits (see ExitCause).
+		args = append(args, "--debug-log", filepath.Join(dir, sentryLog), "--debug-command=boot")
 	}
 	verb := "run"
 	if image != "" {
