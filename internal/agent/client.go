@@ -95,7 +95,17 @@ type Client struct {
 	ws    string                 // ws://addr
 	auth  atomic.Pointer[string] // "Bearer <token>"; RotateToken replaces it
 	httpc *http.Client
+	// answer bounds every call that waits for a short answer (health,
+	// stat, activity, memguard, token) and the exec handshake, whatever
+	// the caller's context: an agent that does not answer within it is
+	// stuck or gone (its Sentry stopped, say), and the call must fail
+	// rather than hang.
+	answer time.Duration
 }
+
+// answerTimeout is Client.answer: agents answer these calls in
+// milliseconds, even under load.
+const answerTimeout = 30 * time.Second
 
 // dialTimeout bounds one TCP connect to the agent; inside a host-local
 // network namespace a connect either succeeds or is refused within
@@ -116,9 +126,10 @@ func NewClient(addr, token string) *Client {
 		MaxResponseHeaderBytes: 64 << 10,
 	}
 	c := &Client{
-		base:  "http://" + addr,
-		ws:    "ws://" + addr,
-		httpc: &http.Client{Transport: tr},
+		base:   "http://" + addr,
+		ws:     "ws://" + addr,
+		httpc:  &http.Client{Transport: tr},
+		answer: answerTimeout,
 	}
 	c.setToken(token)
 	return c
@@ -181,6 +192,8 @@ func (c *Client) WaitReady(ctx context.Context, interval time.Duration) error {
 // DialExec opens a raw exec WebSocket, for relaying a client's frames. The
 // caller sends the first frame and owns the connection.
 func (c *Client) DialExec(ctx context.Context) (*websocket.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.answer) // the handshake only
+	defer cancel()
 	conn, resp, err := websocket.Dial(ctx, c.ws+"/v1/exec", &websocket.DialOptions{
 		HTTPClient: c.httpc,
 		HTTPHeader: http.Header{TokenHeader: {*c.auth.Load()}},
@@ -399,6 +412,8 @@ const maxAnswer = 1 << 20
 
 // getJSON sends body (if any) as JSON and decodes a 200 answer into out.
 func (c *Client) getJSON(ctx context.Context, method, path string, q url.Values, body, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, c.answer)
+	defer cancel()
 	var r io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)

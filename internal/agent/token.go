@@ -98,6 +98,8 @@ func (c *Client) RotateToken(ctx context.Context, token string) error {
 	if err != nil {
 		return fmt.Errorf("agent: rotate token: %w", err)
 	}
+	ctx, cancel := context.WithTimeout(ctx, c.answer)
+	defer cancel()
 	resp, err := c.do(ctx, http.MethodPost, "/v1/token", nil, http.Header{"Content-Type": {"application/json"}}, bytes.NewReader(body))
 	if err != nil {
 		return err

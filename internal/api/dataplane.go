@@ -272,8 +272,8 @@ func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	upErr, clientErr := make(chan error, 1), make(chan error, 1)
-	go func() { upErr <- pipe(ctx, up, client, touch, tap.fromClient) }()
-	go func() { clientErr <- pipe(ctx, client, up, touch, tap.fromAgent) }()
+	go func() { clientErr <- pipe(ctx, up, client, touch, tap.fromClient) }() // client → agent
+	go func() { upErr <- pipe(ctx, client, up, touch, tap.fromAgent) }()      // agent → client
 	select {
 	case err := <-clientErr:
 		up.Close(closeStatus(err), "")

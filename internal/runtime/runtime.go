@@ -142,6 +142,14 @@ type Lister interface {
 	List(ctx context.Context) ([]string, error)
 }
 
+// Explainer is implemented by drivers that can tell, from what they keep on
+// the host, why a sandbox that died on its own went (which of its
+// processes died first), for its status message. ExitCause returns "" when
+// it cannot tell; call it before Stop, which removes that state.
+type Explainer interface {
+	ExitCause(id string) string
+}
+
 // Checkpointer is implemented by drivers that can save a running sandbox's
 // memory and kernel state (processes, open files, sockets, timers) to disk
 // and start new sandboxes from that image, which resume where the source

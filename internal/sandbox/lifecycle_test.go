@@ -265,7 +265,7 @@ func TestDiedSandboxIsStoppedWithWhy(t *testing.T) {
 	sb := e.create(t, member, "dies")
 	e.driver.Kill(runtimeID(sb.ID))
 	eventually(t, "the watcher", func() bool { return e.get(t, sb.ID).Status == protocol.StatusStopped })
-	if msg := e.m.StatusMessage(context.Background(), sb.ID); !strings.Contains(msg, "exited unexpectedly") {
+	if msg := e.m.StatusMessage(context.Background(), sb.ID); !strings.Contains(msg, "exited unexpectedly (killed by the test)") {
 		t.Fatalf("status message: %q", msg)
 	}
 }

@@ -59,6 +59,11 @@ func (m *Manager) died(ctx context.Context, id string, c *agent.Client) {
 		return // stopped, deleted or restarted on purpose
 	}
 	msg, reason := "sandbox exited unexpectedly; its files are kept and the next request starts it again", protocol.StopCrash
+	if x, ok := m.cfg.Driver.(runtime.Explainer); ok {
+		if cause := x.ExitCause(runtimeID(id)); cause != "" {
+			msg = "sandbox exited unexpectedly (" + cause + "); its files are kept and the next request starts it again"
+		}
+	}
 	if runtime.OOMKilled(runtimeID(id)) {
 		msg, reason = "sandbox was killed for exceeding its memory limit (mem_bytes); its files are kept and the next request starts it again", protocol.StopOOM
 	}

@@ -18,8 +18,9 @@ import (
 
 // memCounterLoop counts in /tmp/c every 100 ms, detached from the exec
 // that starts it, so it lives only in the sandbox's memory (gVisor's /tmp
-// is its own tmpfs) and in its process table.
-const memCounterLoop = `setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done' </dev/null >/dev/null 2>&1 &`
+// is its own tmpfs) and in its process table. Each value is renamed into
+// place, so a reader never sees the file empty.
+const memCounterLoop = `setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.1; done' </dev/null >/dev/null 2>&1 &`
 
 func memCounter(t testing.TB, c *cubicle.Client, name string) int {
 	t.Helper()

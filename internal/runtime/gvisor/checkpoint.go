@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -19,12 +18,9 @@ var _ runtime.Checkpointer = (*Driver)(nil)
 
 // Memory snapshots.
 //
-// Checkpoint stops the sandbox inside the Sentry (`runsc pause`), saves it
-// with `runsc checkpoint --leave-running` (which leaves a paused sandbox
-// paused) and returns with it still paused; Resume then sees the marker
-// file pausedFile and answers with `runsc resume` instead of thawing the
-// cgroup freezer. The cgroup freezer cannot be used here: a frozen Sentry
-// cannot save itself.
+// Checkpoint stops the sandbox inside the Sentry (Pause), saves it with
+// `runsc checkpoint --leave-running` (which leaves a paused sandbox
+// paused) and returns with it still paused, for Resume.
 //
 // Restore runs `runsc restore --image-path` on a fresh bundle. gVisor
 // re-opens the root filesystem by path through the new bundle's gofer, so
@@ -35,14 +31,12 @@ var _ runtime.Checkpointer = (*Driver)(nil)
 // connections open at the checkpoint are dead. /tmp is gVisor's own tmpfs
 // and travels inside the image.
 
-// Files the driver keeps: pausedFile in the bundle dir while a Checkpoint
-// holds the sandbox paused; in the image dir, hostnameFile (the source's UTS
+// Files the driver keeps in the image dir: hostnameFile (the source's UTS
 // hostname, which the restored kernel keeps, so that the restored sandbox's
 // /etc/hosts names it) and savedFile (the parts of the source's OCI config
 // that runsc requires unchanged on restore and that follow the source's
 // mem_bytes, not the restored sandbox's: tmpfs sizes and rlimits).
 const (
-	pausedFile   = "paused-for-checkpoint"
 	hostnameFile = "cubicle-hostname"
 	savedFile    = "cubicle-restore-spec.json"
 )
@@ -68,31 +62,13 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, savedFile), b, 0o600); err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
-	// The marker goes first, so that Resume undoes a pause that happened
-	// whatever fails afterwards.
-	if err := os.WriteFile(filepath.Join(bundle, pausedFile), nil, 0o600); err != nil {
+	if err := d.Pause(ctx, id); err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
-	}
-	if _, err := d.run(ctx, "pause", id); err != nil {
-		return fmt.Errorf("checkpoint sandbox %s: pause: %w", id, err)
 	}
 	if _, err := d.run(ctx, "checkpoint", "--image-path", dir, "--leave-running", id); err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
 	return nil
-}
-
-// resumeCheckpointed undoes Checkpoint's pause. ok is false when sandbox id
-// was not paused by Checkpoint.
-func (d *Driver) resumeCheckpointed(ctx context.Context, id string) (ok bool, err error) {
-	marker := filepath.Join(d.bundleDir(id), pausedFile)
-	if _, err := os.Stat(marker); errors.Is(err, os.ErrNotExist) {
-		return false, nil
-	}
-	if _, err := d.run(ctx, "resume", id); err != nil && !strings.Contains(err.Error(), "not paused") {
-		return true, err
-	}
-	return true, os.Remove(marker)
 }
 
 // Restore starts sandbox spec.ID from the checkpoint image in dir instead

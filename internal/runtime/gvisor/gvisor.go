@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -55,6 +56,8 @@ type Driver struct {
 	debugDir   string
 	hostResolv string
 	extraFlags []string
+	// runscTimeout bounds the short runsc subcommands (see deadline).
+	runscTimeout time.Duration
 }
 
 // Option configures a Driver.
@@ -110,6 +113,8 @@ func New(runscPath, stateDir string, opts ...Option) (*Driver, error) {
 		overlay:    "none",
 		fileAccess: "exclusive",
 		hostResolv: "/etc/resolv.conf",
+
+		runscTimeout: runscTimeout,
 	}
 	for _, o := range opts {
 		o(d)
@@ -243,6 +248,10 @@ func (d *Driver) runDetached(ctx context.Context, id, dir, image, token string) 
 	args := []string{"--log", logPath, "--log-format=text"}
 	if d.debugDir != "" {
 		args = append(args, "--debug", "--debug-log", filepath.Join(d.debugDir, id)+"/")
+	} else {
+		// The Sentry's own log at info level (a few dozen lines), which
+		// says why it exits (see ExitCause).
+		args = append(args, "--debug-log", filepath.Join(dir, sentryLog), "--debug-command=boot")
 	}
 	verb := "run"
 	if image != "" {
@@ -252,7 +261,8 @@ func (d *Driver) runDetached(ctx context.Context, id, dir, image, token string) 
 		args = append(args, verb)
 	}
 	args = append(args, "--detach", "--bundle", dir, id)
-	cmd := d.command(ctx, args...)
+	cmd, cancel := d.command(ctx, args...)
+	defer cancel()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, console, console
 	// Its own session: no signal aimed at the daemon's process group or
 	// terminal reaches the sandbox. No Pdeathsig, deliberately.

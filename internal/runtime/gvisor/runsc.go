@@ -40,12 +40,37 @@ func FindRunsc(flagValue string) (string, error) {
 // kill, delete) use pipes; the sandbox-creating one gets files.
 const runscWaitDelay = 5 * time.Second
 
+// Deadlines of runsc invocations, whatever the caller's context: a runsc
+// subcommand talks to the sandbox's Sentry, and one that is stopped or
+// wedged would otherwise hang the daemon's call (and the sandbox's
+// lifecycle lock) for ever. Starting and checkpointing move a whole
+// memory image; everything else answers in milliseconds.
+const (
+	runscTimeout      = 30 * time.Second
+	runscStartTimeout = 2 * time.Minute
+	runscSaveTimeout  = 10 * time.Minute
+)
+
+// deadline is how long the runsc invocation with args may take.
+func (d *Driver) deadline(args []string) time.Duration {
+	for _, a := range args {
+		switch a {
+		case "run", "restore":
+			return runscStartTimeout
+		case "checkpoint":
+			return runscSaveTimeout
+		}
+	}
+	return d.runscTimeout
+}
+
 // command returns a runsc invocation with the driver's global flags followed
-// by args.
-func (d *Driver) command(ctx context.Context, args ...string) *exec.Cmd {
+// by args, and the cancel of its deadline, to call once it has finished.
+func (d *Driver) command(ctx context.Context, args ...string) (*exec.Cmd, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, d.deadline(args))
 	cmd := exec.CommandContext(ctx, d.runsc, append(d.globalFlags(), args...)...)
 	cmd.WaitDelay = runscWaitDelay
-	return cmd
+	return cmd, cancel
 }
 
 // globalFlags are runsc's flags common to every subcommand. They must be the
@@ -66,7 +91,8 @@ func (d *Driver) globalFlags() []string {
 // run executes a short-lived runsc subcommand and returns its stdout. The
 // error carries runsc's stderr.
 func (d *Driver) run(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := d.command(ctx, args...)
+	cmd, cancel := d.command(ctx, args...)
+	defer cancel()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr

@@ -291,6 +291,7 @@ type Driver struct {
 	mu     sync.Mutex
 	boxes  map[string]*instance
 	paused map[string]bool
+	killed map[string]bool
 }
 
 type instance struct {
@@ -309,7 +310,7 @@ func NewDriver() (*Driver, error) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	return &Driver{AgentPort: port, boxes: map[string]*instance{}, paused: map[string]bool{}}, nil
+	return &Driver{AgentPort: port, boxes: map[string]*instance{}, paused: map[string]bool{}, killed: map[string]bool{}}, nil
 }
 
 // Name implements runtime.Driver.
@@ -358,6 +359,7 @@ func (d *Driver) Stop(_ context.Context, id string) error {
 	in := d.boxes[id]
 	delete(d.boxes, id)
 	delete(d.paused, id)
+	delete(d.killed, id)
 	d.mu.Unlock()
 	if in != nil {
 		in.srv.Close()
@@ -371,11 +373,22 @@ func (d *Driver) Stop(_ context.Context, id string) error {
 func (d *Driver) Kill(id string) {
 	d.mu.Lock()
 	in := d.boxes[id]
+	d.killed[id] = in != nil
 	d.mu.Unlock()
 	if in != nil {
 		in.srv.Close()
 		in.proc.Process.Signal(syscall.SIGKILL)
 	}
+}
+
+// ExitCause implements runtime.Explainer: it names Kill.
+func (d *Driver) ExitCause(id string) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.killed[id] {
+		return "killed by the test"
+	}
+	return ""
 }
 
 // Running implements runtime.Driver.
