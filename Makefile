@@ -4,7 +4,7 @@ BIN         := bin
 GOFLAGS_BIN := CGO_ENABLED=0
 PKGS        := ./...
 
-.PHONY: build test unit e2e bench run lint fuzz clean FORCE
+.PHONY: build test unit e2e bench run lint fuzz soak clean FORCE
 
 build: $(BIN)/cubicle $(BIN)/runsc
 
@@ -55,6 +55,12 @@ FUZZ_TARGETS := \
 	./internal/api:FuzzDecode:80000 \
 	./internal/agent:FuzzClientAnswers:200000 \
 	./internal/agent:FuzzExecFrames:30000
+
+# The long soak: 50 gVisor sandboxes × mixed work for 10 minutes, the
+# daemon's RSS, fds and goroutines checked for growth (CI runs a short
+# profile of the same test: 8 sandboxes, 75 s).
+soak: build
+	CUBICLE_SOAK=10m CUBICLE_SOAK_SANDBOXES=50 $(GO) test -count=1 -timeout 30m -run '^TestSoak$$' -v ./test/e2e/
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
