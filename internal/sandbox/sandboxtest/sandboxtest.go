@@ -91,31 +91,26 @@ func (s *Storage) Remove(ctx context.Context, id string) error {
 }
 
 // List implements sandbox.Storage.
-func (s *Storage) List(context.Context) ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(s.Root, "sandboxes"))
-	if err != nil && !os.IsNotExist(err) {
-		return nil, err
-	}
-	var ids []string
-	for _, e := range ents {
-		ids = append(ids, e.Name())
-	}
-	return ids, nil
-}
+func (s *Storage) List(context.Context) ([]string, error) { return s.names("sandboxes") }
 
 // Quarantine implements sandbox.Storage: id's data moves to Root/orphans/id.
 func (s *Storage) Quarantine(ctx context.Context, id string) (string, error) {
 	s.Unmount(ctx, id)
-	dst := filepath.Join(s.Root, "orphans", id)
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-		return "", err
-	}
-	return dst, os.Rename(filepath.Join(s.Root, "sandboxes", id), dst)
+	return s.moveAside("sandboxes", id)
 }
 
 // ListCaptures implements sandbox.Storage.
-func (s *Storage) ListCaptures(context.Context) ([]string, error) {
-	ents, err := os.ReadDir(filepath.Join(s.Root, "captures"))
+func (s *Storage) ListCaptures(context.Context) ([]string, error) { return s.names("captures") }
+
+// QuarantineCapture implements sandbox.Storage: snap's layer moves to
+// Root/orphans/snap.
+func (s *Storage) QuarantineCapture(_ context.Context, snap string) (string, error) {
+	return s.moveAside("captures", snap)
+}
+
+// names lists the entries of Root/dir (none if it is missing).
+func (s *Storage) names(dir string) ([]string, error) {
+	ents, err := os.ReadDir(filepath.Join(s.Root, dir))
 	if err != nil && !os.IsNotExist(err) {
 		return nil, err
 	}
@@ -126,14 +121,13 @@ func (s *Storage) ListCaptures(context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// QuarantineCapture implements sandbox.Storage: snap's layer moves to
-// Root/orphans/snap.
-func (s *Storage) QuarantineCapture(_ context.Context, snap string) (string, error) {
-	dst := filepath.Join(s.Root, "orphans", snap)
+// moveAside moves Root/dir/id to Root/orphans/id.
+func (s *Storage) moveAside(dir, id string) (string, error) {
+	dst := filepath.Join(s.Root, "orphans", id)
 	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 		return "", err
 	}
-	return dst, os.Rename(filepath.Join(s.Root, "captures", snap), dst)
+	return dst, os.Rename(filepath.Join(s.Root, dir, id), dst)
 }
 
 // Exists reports whether id has any data left.
