@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"path"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -272,8 +273,12 @@ func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	upErr, clientErr := make(chan error, 1), make(chan error, 1)
-	go func() { clientErr <- pipe(ctx, up, client, touch, tap.fromClient) }() // client → agent
-	go func() { upErr <- pipe(ctx, client, up, touch, tap.fromAgent) }()      // agent → client
+	// held stops the agent's frames reaching the client once the relay
+	// has decided to end it: the exit frame the agent sends for a killed
+	// command must not beat the error frame saying why.
+	var held atomic.Bool
+	go func() { clientErr <- pipe(ctx, up, client, touch, tap.fromClient, nil) }()  // client → agent
+	go func() { upErr <- pipe(ctx, client, up, touch, tap.fromAgent, held.Load) }() // agent → client
 	select {
 	case err := <-clientErr:
 		up.Close(closeStatus(err), "")
@@ -286,6 +291,7 @@ func relay(ctx context.Context, client, up *websocket.Conn, gone <-chan struct{}
 			return
 		}
 	case <-gone:
+		held.Store(true)
 		msg, kill := why()
 		if kill {
 			killCommand(ctx, up)
@@ -334,12 +340,16 @@ func closedWithin(ch <-chan struct{}, d time.Duration) bool {
 	}
 }
 
-// pipe copies frames from src to dst, showing each to see first.
-func pipe(ctx context.Context, dst, src *websocket.Conn, touch func(), see func([]byte)) error {
+// pipe copies frames from src to dst, showing each to see first. Once
+// held (may be nil) reports true, frames are read and dropped.
+func pipe(ctx context.Context, dst, src *websocket.Conn, touch func(), see func([]byte), held func() bool) error {
 	for {
 		typ, data, err := src.Read(ctx)
 		if err != nil {
 			return err
+		}
+		if held != nil && held() {
+			continue
 		}
 		touch()
 		see(data)

@@ -59,3 +59,57 @@ func TestRelayAgentBreaks(t *testing.T) {
 		t.Fatalf("client got %+v, want the reason in an error frame", f)
 	}
 }
+
+// TestRelayCutBeatsTheKilledExit: when access is cut, the relay kills the
+// command and tells the client why; the exit frame the agent answers the
+// kill with never reaches the client first (it would end the client's
+// exec as a normal exit).
+func TestRelayCutBeatsTheKilledExit(t *testing.T) {
+	agentSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.CloseNow()
+		for {
+			var f protocol.ExecFrame
+			if err := wsjson.Read(r.Context(), c, &f); err != nil {
+				return
+			}
+			if f.Type == protocol.FrameKill {
+				code := 137
+				_ = wsjson.Write(r.Context(), c, protocol.ExecFrame{Type: protocol.FrameExit, ExitCode: &code})
+			}
+		}
+	}))
+	defer agentSrv.Close()
+	for i := range 20 {
+		gone := make(chan struct{})
+		relaySrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			client, err := websocket.Accept(w, r, nil)
+			if err != nil {
+				return
+			}
+			up, _, err := websocket.Dial(r.Context(), "ws"+strings.TrimPrefix(agentSrv.URL, "http"), nil)
+			if err != nil {
+				client.Close(websocket.StatusInternalError, err.Error())
+				return
+			}
+			relay(r.Context(), client, up, gone, func() {}, func() (string, bool) { return "access revoked", true }, nil)
+		}))
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(relaySrv.URL, "http"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		close(gone)
+		var f protocol.ExecFrame
+		err = wsjson.Read(ctx, c, &f)
+		c.CloseNow()
+		cancel()
+		relaySrv.Close()
+		if err != nil || f.Type != protocol.FrameError || f.Error != "access revoked" {
+			t.Fatalf("round %d: client got %+v (%v), want the revocation's error frame first", i, f, err)
+		}
+	}
+}

@@ -65,7 +65,13 @@ func TestTunnel(t *testing.T) {
 			echo := func(port, size int) error {
 				dctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 				defer cancel()
+				// The nc servers were started in the background: one may
+				// not listen yet on a loaded host.
 				st, err := tn.Dial(dctx, port)
+				for start := time.Now(); err != nil && strings.Contains(err.Error(), "nothing accepts") && time.Since(start) < 10*time.Second; {
+					time.Sleep(100 * time.Millisecond)
+					st, err = tn.Dial(dctx, port)
+				}
 				if err != nil {
 					return err
 				}
