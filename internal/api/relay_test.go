@@ -14,6 +14,24 @@ import (
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
+// relayServer relays each client's exec connection to the agent at
+// agentURL, ending with msg (and killing the command when kill) once gone
+// closes.
+func relayServer(agentURL string, gone <-chan struct{}, msg string, kill bool) *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		client, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		up, _, err := websocket.Dial(r.Context(), "ws"+strings.TrimPrefix(agentURL, "http"), nil)
+		if err != nil {
+			client.Close(websocket.StatusInternalError, err.Error())
+			return
+		}
+		relay(r.Context(), client, up, gone, func() {}, func() (string, bool) { return msg, kill }, nil)
+	}))
+}
+
 // TestRelayAgentBreaks: when the agent's connection breaks (no close
 // frame: its sandbox died) and the instance goes, the client is told why
 // in a terminal error frame, so it neither hangs nor reconnects.
@@ -29,18 +47,7 @@ func TestRelayAgentBreaks(t *testing.T) {
 	}))
 	defer agentSrv.Close()
 	gone := make(chan struct{})
-	relaySrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		client, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		up, _, err := websocket.Dial(r.Context(), "ws"+strings.TrimPrefix(agentSrv.URL, "http"), nil)
-		if err != nil {
-			client.Close(websocket.StatusInternalError, err.Error())
-			return
-		}
-		relay(r.Context(), client, up, gone, func() {}, func() (string, bool) { return "sandbox exited unexpectedly", false }, nil)
-	}))
+	relaySrv := relayServer(agentSrv.URL, gone, "sandbox exited unexpectedly", false)
 	defer relaySrv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -85,18 +92,7 @@ func TestRelayCutBeatsTheKilledExit(t *testing.T) {
 	defer agentSrv.Close()
 	for i := range 20 {
 		gone := make(chan struct{})
-		relaySrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			client, err := websocket.Accept(w, r, nil)
-			if err != nil {
-				return
-			}
-			up, _, err := websocket.Dial(r.Context(), "ws"+strings.TrimPrefix(agentSrv.URL, "http"), nil)
-			if err != nil {
-				client.Close(websocket.StatusInternalError, err.Error())
-				return
-			}
-			relay(r.Context(), client, up, gone, func() {}, func() (string, bool) { return "access revoked", true }, nil)
-		}))
+		relaySrv := relayServer(agentSrv.URL, gone, "access revoked", true)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		c, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(relaySrv.URL, "http"), nil)
 		if err != nil {
