@@ -159,7 +159,7 @@ func (m *Manager) removeRecord(id string) error {
 
 // hostAddrs returns every IPv4 address assigned in the host's namespace.
 func hostAddrs() (map[netip.Addr]bool, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := consistentDump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return nil, fmt.Errorf("list host addresses: %w", err)
 	}
@@ -170,4 +170,22 @@ func hostAddrs() (map[netip.Addr]bool, error) {
 		}
 	}
 	return out, nil
+}
+
+// dumpAttempts bounds consistentDump's retries.
+const dumpAttempts = 10
+
+// consistentDump runs a netlink dump until the kernel reports it
+// consistent. A dump that races a change (other sandboxes' links coming
+// and going) ends with ErrDumpInterrupted and possibly partial results:
+// allocating from those could hand out an address in use.
+func consistentDump[T any](dump func() (T, error)) (T, error) {
+	var out T
+	var err error
+	for range dumpAttempts {
+		if out, err = dump(); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return out, err
+		}
+	}
+	return out, fmt.Errorf("%d dumps in a row interrupted by changes: %w", dumpAttempts, err)
 }
