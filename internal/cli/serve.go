@@ -107,13 +107,13 @@ func healthChecks(reserve int64, st *store.SQLite, cow *storage.CoW, driver runt
 	return health.New(checks...)
 }
 
-// storeReserveBytes parses --store-reserve.
+// storeReserveBytes parses --store-reserve (0 allowed: no reserve).
 func (f serveFlags) storeReserveBytes() (int64, error) {
-	n, err := humanize.ParseBytes(f.storeReserve)
-	if err != nil || n > math.MaxInt64 {
-		return 0, fmt.Errorf("--store-reserve %q: want a size such as 1GiB, or 0", f.storeReserve)
+	n, err := parseByteSize(f.storeReserve)
+	if err != nil {
+		return 0, fmt.Errorf("--store-reserve: %w", err)
 	}
-	return int64(n), nil
+	return n, nil
 }
 
 // parseSize parses a size flag such as 512MiB ("" is 0: the default).
@@ -235,6 +235,10 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	reserve, err := f.storeReserveBytes()
+	if err != nil {
+		return err
+	}
 	images, err := image.NewStore(filepath.Join(f.dataDir, "images"), image.WithInsecureRegistries(f.insecureRegistries),
 		image.WithLogger(log), image.WithLimits(limits), image.WithPullMeter(tel))
 	if err != nil {
@@ -246,10 +250,6 @@ func serve(ctx context.Context, f serveFlags) error {
 	}
 	log.Info("copy-on-write store", "backend", cow.Backend(), "root", cow.Root())
 	overlays, err := storage.New(filepath.Join(f.dataDir, "sandboxes"), storage.WithCoW(cow))
-	if err != nil {
-		return err
-	}
-	reserve, err := f.storeReserveBytes()
 	if err != nil {
 		return err
 	}
