@@ -156,7 +156,6 @@ func (s *Server) execute(f protocol.ExecFrame) (*session, error) {
 		return sess, nil
 	}
 	s.log.Debug("command started", "command_id", sess.id, "pid", p.pid)
-	s.guard.wake()
 	go sess.run(p, s.sessions.finished)
 	return sess, nil
 }

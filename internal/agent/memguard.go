@@ -24,8 +24,8 @@ const MemLimitEnv = "CUBICLE_MEM_LIMIT_BYTES"
 // Guard defaults. Under gVisor/systrap every wakeup of a guest thread costs
 // the host about 0.4-0.6 ms of CPU whatever it does (measured: a 10 ms
 // ticker alone costs 4-6 % of a core, the pread of /proc/meminfo adds
-// little), so the guard polls slowly while usage is low and fast only near
-// the threshold: an idle sandbox pays about 0.5 % of a core. A fast
+// little), so the guard polls slowly while usage is low, fast only near
+// the threshold, and not at all while no command's process is alive. A fast
 // allocator may get one slow interval ahead of the guard (about 200 MiB at
 // 2 GiB/s); the gvisor driver's host cgroup headroom absorbs that. A command
 // the agent starts makes the guard poll the processes' RSS fast, without
@@ -71,13 +71,16 @@ type MemGuardStats struct {
 	// Reason says why the guard is off (no limit given, or /proc/meminfo
 	// describes the host rather than the sandbox, as under the namespace
 	// driver, where the kernel's own OOM killer enforces the limit).
-	Reason         string        `json:"reason,omitempty"`
-	LimitBytes     int64         `json:"limit_bytes,omitempty"`
-	ThresholdBytes int64         `json:"threshold_bytes,omitempty"`
-	UsageBytes     int64         `json:"usage_bytes,omitempty"`
-	Polls          int64         `json:"polls"`
-	Kills          int64         `json:"kills"`
-	LastKill       *MemGuardKill `json:"last_kill,omitempty"`
+	Reason         string `json:"reason,omitempty"`
+	LimitBytes     int64  `json:"limit_bytes,omitempty"`
+	ThresholdBytes int64  `json:"threshold_bytes,omitempty"`
+	UsageBytes     int64  `json:"usage_bytes,omitempty"`
+	Polls          int64  `json:"polls"`
+	// Parks counts the times the guard stopped polling because nothing
+	// but the agent was running (it resumes when a command starts).
+	Parks    int64         `json:"parks"`
+	Kills    int64         `json:"kills"`
+	LastKill *MemGuardKill `json:"last_kill,omitempty"`
 }
 
 // memGuard is a user-space OOM killer in the spirit of earlyoom: gVisor has
@@ -176,8 +179,9 @@ func (g *memGuard) wake() {
 }
 
 // run polls until ctx ends: fast when usage is near the threshold or rising
-// quickly or a command started recently (wake), slow otherwise, so an idle
-// sandbox costs little. A no-op when the guard is disabled.
+// quickly or a command started recently (wake), slow otherwise, and not at
+// all while no process but the agent runs, so an idle sandbox costs
+// nothing. A no-op when the guard is disabled.
 func (g *memGuard) run(ctx context.Context) {
 	if g.usage == nil {
 		return
@@ -188,13 +192,18 @@ func (g *memGuard) run(ctx context.Context) {
 	var tmpfs int64
 	var failing bool
 	var fastUntil time.Time
+	tick := t.C // nil while parked: only wake or ctx can end the wait
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-g.woken:
 			fastUntil = time.Now().Add(guardWakeFast)
-		case <-t.C:
+			if tick == nil {
+				tick = t.C
+				prev = -1 // a parked spell is not a jump
+			}
+		case <-tick:
 		}
 		if time.Now().Before(fastUntil) {
 			// A command started lately: poll its RSS alone. While a
@@ -245,8 +254,26 @@ func (g *memGuard) run(ctx context.Context) {
 		g.stats.UsageBytes = u
 		g.mu.Unlock()
 		prev = u
+		if next == g.slow && g.nothingToKill() {
+			// Park until a command starts (wake): every process but
+			// PID 1 and the agent is one the agent started, so
+			// none can appear unannounced, and an idle sandbox
+			// then costs no wakeups at all.
+			tick = nil
+			g.mu.Lock()
+			g.stats.Parks++
+			g.mu.Unlock()
+			continue
+		}
 		t.Reset(next)
 	}
+}
+
+// nothingToKill reports whether no live process but PID 1 and the agent
+// exists (a failed listing counts as something: keep polling).
+func (g *memGuard) nothingToKill() bool {
+	pids, err := g.live()
+	return err == nil && len(pids) == 0
 }
 
 // rssTotal sums the RSS of every live process but PID 1 and the agent.
@@ -260,21 +287,32 @@ func (g *memGuard) run(ctx context.Context) {
 // hundred milliseconds after the exit), and the guard killed a command well
 // under the limit.
 func (g *memGuard) rssTotal() int64 {
+	pids, _ := g.live()
+	var sum int64
+	for _, pid := range pids {
+		rss, _ := readRSS(g.procDir, pid)
+		sum += rss
+	}
+	return sum
+}
+
+// live lists the processes that are alive (not zombies), but PID 1 and
+// the agent.
+func (g *memGuard) live() ([]int, error) {
 	pids, err := g.pids()
 	if err != nil {
-		return 0
+		return nil, err
 	}
-	var sum int64
+	var out []int
 	for _, pid := range pids {
 		if pid == 1 || pid == g.self {
 			continue
 		}
 		if st, err := readProcStat(g.procDir, pid); err == nil && st.state != 'Z' && st.state != 'X' {
-			rss, _ := readRSS(g.procDir, pid)
-			sum += rss
+			out = append(out, pid)
 		}
 	}
-	return sum
+	return out, nil
 }
 
 // act kills the worst process, then waits for it to go away so that its

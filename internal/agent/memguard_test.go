@@ -224,3 +224,54 @@ func TestMemGuardLeavesAgentOutOfConfirmation(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// TestMemGuardParksWhileNothingRuns: with only PID 1 and the agent alive
+// the guard stops polling (an idle sandbox then costs no wakeups); a wake
+// (a command started) resumes polling, which goes on while the command's
+// process lives and parks again once it is gone.
+func TestMemGuardParksWhileNothingRuns(t *testing.T) {
+	dir := fakeProc(t, map[int]fakeTask{1: {"cubicle", 'S', 100, 0}, 42: {"self", 'S', 100, 0}})
+	g := &memGuard{
+		limit: 64 << 20, threshold: GuardThreshold(64 << 20),
+		fast: time.Millisecond, slow: time.Millisecond, procDir: dir, self: 42,
+		log:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		kill:  func(pid int) error { t.Errorf("killed %d", pid); return nil },
+		usage: func() (int64, int64, error) { return 8 << 20, 0, nil },
+		woken: make(chan struct{}, 1),
+	}
+	g.pids = func() ([]int, error) { return listPIDs(dir) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { g.run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	waitFor := func(what string, ok func(MemGuardStats) bool) MemGuardStats {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if st := g.Stats(); ok(st) {
+				return st
+			}
+		}
+		t.Fatalf("%s: stats %+v", what, g.Stats())
+		return MemGuardStats{}
+	}
+	st := waitFor("parked", func(s MemGuardStats) bool { return s.Parks == 1 })
+	time.Sleep(50 * time.Millisecond) // 50 slow intervals
+	if now := g.Stats(); now.Polls != st.Polls || now.Parks != 1 {
+		t.Fatalf("parked guard polled: %+v then %+v", st, now)
+	}
+
+	// A command starts: the guard polls while its process lives.
+	fakeTaskDir := filepath.Join(dir, "7")
+	os.MkdirAll(fakeTaskDir, 0o755)
+	os.WriteFile(filepath.Join(fakeTaskDir, "stat"), []byte("7 (sleep) S 1 7 7 0 -1"), 0o644)
+	os.WriteFile(filepath.Join(fakeTaskDir, "statm"), []byte("1000 100 0 0 0 0 0\n"), 0o644)
+	g.wake()
+	time.Sleep(guardWakeFast + 100*time.Millisecond) // past the fast spell a wake starts
+	a := g.Stats()
+	time.Sleep(20 * time.Millisecond)
+	if b := g.Stats(); b.Parks != 1 || b.Polls <= a.Polls {
+		t.Fatalf("with a live process the guard must keep polling: %+v then %+v", a, b)
+	}
+	os.RemoveAll(fakeTaskDir)
+	waitFor("parked again", func(s MemGuardStats) bool { return s.Parks == 2 })
+}

@@ -24,6 +24,13 @@ import (
 // goroutine and unrelated children of the process are left alone.
 type reaper struct {
 	reapAll bool
+	// threads, when set, is closed once the agent's threads are reserved
+	// (see reserveThreads); no fork happens before.
+	threads <-chan struct{}
+	// onFork, when set, is called after each successful fork: every
+	// process the agent starts goes through start, so the memory guard,
+	// which parks while the agent is alone, is woken here and nowhere else.
+	onFork func()
 
 	forkMu  sync.RWMutex
 	mu      sync.Mutex // guards waiters
@@ -37,11 +44,17 @@ func newReaper(reapAll bool) *reaper {
 // start runs fork (which must start exactly one child and return its pid) and
 // returns a channel that receives the child's exit status exactly once.
 func (r *reaper) start(fork func() (int, error)) (int, <-chan syscall.WaitStatus, error) {
+	if r.threads != nil {
+		<-r.threads
+	}
 	r.forkMu.RLock()
 	defer r.forkMu.RUnlock()
 	pid, err := fork()
 	if err != nil {
 		return 0, nil, err
+	}
+	if r.onFork != nil {
+		r.onFork()
 	}
 	ch := make(chan syscall.WaitStatus, 1)
 	if r.reapAll {

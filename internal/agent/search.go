@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 	"unicode/utf8"
+
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // Search limits: results are capped and the walk stops at a deadline;
@@ -45,19 +47,13 @@ type GlobRequest struct {
 	User string `json:"user,omitempty"`
 }
 
-// GlobMatch is one entry found by a glob.
-type GlobMatch struct {
-	Path       string     `json:"path"`
-	IsDir      bool       `json:"is_dir"`
-	SizeBytes  int64      `json:"size_bytes"`
-	ModifiedAt *time.Time `json:"modified_at,omitempty"`
-}
-
-// GlobResult is the response of POST /v1/glob.
-type GlobResult struct {
-	Matches   []GlobMatch `json:"matches"`
-	Truncated bool        `json:"truncated"`
-}
+// The answers are the wire types the daemon relays unchanged.
+type (
+	GlobMatch  = protocol.GlobMatch
+	GlobResult = protocol.GlobResult
+	GrepMatch  = protocol.GrepMatch
+	GrepResult = protocol.GrepResult
+)
 
 // GrepRequest is the body of POST /v1/grep (spec D8). Pattern is a literal
 // string. Glob filters files: without "/" or "**" it matches the base name
@@ -68,19 +64,6 @@ type GrepRequest struct {
 	Glob    string `json:"glob,omitempty"`
 	Limit   int    `json:"limit,omitempty"`
 	User    string `json:"user,omitempty"`
-}
-
-// GrepMatch is one matching line.
-type GrepMatch struct {
-	Path string `json:"path"`
-	Line int    `json:"line"` // 1-based
-	Text string `json:"text"`
-}
-
-// GrepResult is the response of POST /v1/grep.
-type GrepResult struct {
-	Matches   []GrepMatch `json:"matches"`
-	Truncated bool        `json:"truncated"`
 }
 
 // errStopWalk ends a walk early once a limit or the deadline is hit.

@@ -88,6 +88,7 @@ func NewServer(token string, opts ...Option) (*Server, error) {
 	}
 	s.guard, s.closeGuard = newMemGuard(s.memLimit, s.log)
 	s.guard.onKill = s.noteOOMKill
+	s.reaper.onFork = s.guard.wake
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /v1/health", s.handleHealth)
 	s.mux.HandleFunc("POST /v1/token", s.handleRotateToken)
@@ -138,8 +139,17 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	// Listening comes first: from here the daemon's connection waits in
+	// the backlog and is answered the moment Serve starts, instead of
+	// being refused and retried. The threads are reserved meanwhile;
+	// commands fork only once they are (reaper.threads).
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("agent: listen %s: %w", addr, err)
+	}
+	threads := make(chan struct{})
+	go func() { reserveThreads(reservedThreads); close(threads) }()
 	pid1 := os.Getpid() == 1
-	reserveThreads(reservedThreads)
 	env := withoutVar(os.Environ(), MemLimitEnv)
 	opts := []Option{WithLogger(log), WithBaseEnv(env), WithMemLimit(parseMemLimit(os.Getenv(MemLimitEnv)))}
 	if pid1 {
@@ -150,8 +160,10 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 	}
 	srv, err := NewServer(token, opts...)
 	if err != nil {
+		ln.Close()
 		return err
 	}
+	srv.reaper.threads = threads
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	go srv.Reap(ctx)
@@ -162,10 +174,6 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 				log.Warn("sudo broker stopped", "err", err)
 			}
 		}()
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("agent: listen %s: %w", addr, err)
 	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)

@@ -1,10 +1,12 @@
 package agent
 
 import (
+	"errors"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func threadCount(t *testing.T) int {
@@ -35,5 +37,27 @@ func TestReserveThreadsKeepsThem(t *testing.T) {
 	reserveThreads(n)
 	if after := threadCount(t); after < n {
 		t.Fatalf("%d threads after reserving %d: not kept", after, n)
+	}
+}
+
+// TestForksWaitForReservedThreads: the agent serves before its threads
+// are reserved, so a command that arrives early must wait for them (a
+// fork bomb could otherwise take the tasks the agent's threads need).
+func TestForksWaitForReservedThreads(t *testing.T) {
+	r := newReaper(false)
+	gate := make(chan struct{})
+	r.threads = gate
+	forked := make(chan struct{})
+	go r.start(func() (int, error) { close(forked); return 0, errors.New("no fork in this test") })
+	select {
+	case <-forked:
+		t.Fatal("forked before the threads were reserved")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(gate)
+	select {
+	case <-forked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("did not fork once the threads were reserved")
 	}
 }

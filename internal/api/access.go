@@ -32,6 +32,7 @@ func WithAccessLog(rec accesslog.Recorder) Option {
 var auditedKinds = map[string]string{
 	"boxes": "sandbox", "dp": "sandbox", "snapshots": "snapshot", "snapshots-by-name": "snapshot", "secrets": "secret", "keys": "key",
 	"shares": "share", "users": "user", "workspaces": "workspace", "registries": "registry",
+	"volumes": "volume", "volume-snapshots": "volume-snapshot",
 }
 
 // accessTarget is what a route pattern names, computed once at

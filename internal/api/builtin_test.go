@@ -13,21 +13,31 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
 
-// TestPendingErrorWire: a create that needs the built-in default while it
-// builds is a 503 NotReady with Retry-After, not the 400 of a snapshot
-// that is not ready for good.
-func TestPendingErrorWire(t *testing.T) {
-	ta := newTestAPI(t, false)
-	ta.mgr.fail = &errdefs.PendingError{Msg: `snapshot "default" is still being built`, RetryAfter: 10 * time.Second}
-	req := httptest.NewRequest("POST", "/v2/sandboxes/boxes", nil)
-	req.Header.Set("X-Api-Key", memberKey)
-	rec := httptest.NewRecorder()
-	ta.srv.ServeHTTP(rec, req)
-	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "10" {
-		t.Fatalf("status %d, Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
-	}
-	if got := rec.Body.String(); !strings.Contains(got, `"error":"NotReady"`) || !strings.Contains(got, "still being built") {
-		t.Fatalf("body %s", got)
+// TestRetryableErrorWire: a create that needs the built-in default while
+// it builds is a 503 NotReady with Retry-After, not the 400 of a snapshot
+// that is not ready for good; one the host has no capacity for (boot
+// queue full, memory, store space) is a 503 HostAtCapacity with
+// Retry-After, not a 500 or a silent timeout.
+func TestRetryableErrorWire(t *testing.T) {
+	for _, c := range []struct {
+		err         error
+		retry, want string
+	}{
+		{&errdefs.PendingError{Msg: "snapshot default is still being built", RetryAfter: 10 * time.Second}, "10", `"error":"NotReady"`},
+		{&errdefs.CapacityError{Msg: "130 boots running or waiting", RetryAfter: 1500 * time.Millisecond}, "2", `"error":"HostAtCapacity"`},
+	} {
+		ta := newTestAPI(t, false)
+		ta.mgr.fail = c.err
+		req := httptest.NewRequest("POST", "/v2/sandboxes/boxes", nil)
+		req.Header.Set("X-Api-Key", memberKey)
+		rec := httptest.NewRecorder()
+		ta.srv.ServeHTTP(rec, req)
+		if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != c.retry {
+			t.Fatalf("%v: status %d, Retry-After %q", c.err, rec.Code, rec.Header().Get("Retry-After"))
+		}
+		if got := rec.Body.String(); !strings.Contains(got, c.want) || !strings.Contains(got, c.err.Error()) {
+			t.Fatalf("%v: body %s", c.err, got)
+		}
 	}
 }
 

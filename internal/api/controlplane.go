@@ -22,7 +22,7 @@ func (s *Server) snapshotJSON(v *sandbox.SnapshotView) protocol.Snapshot {
 		PullBytesTotal: v.PullBytesTotal, PullBytesDone: v.PullBytesDone,
 		BuildStep: v.BuildStep, BuildPercent: v.BuildPercent,
 		Builtin: sn.WorkspaceID == store.BuiltinWorkspace, Packages: sn.Packages,
-		Tag: sn.Tag, Labels: labelsOrEmpty(sn.Labels), StartCmd: sn.StartCmd, ReadyCmd: sn.ReadyCmd,
+		Tag: sn.Tag, Labels: labelsOrEmpty(sn.Labels), StartCmd: sn.StartCmd, ReadyCmd: sn.ReadyCmd, Docker: sn.Docker,
 	}
 }
 
@@ -36,6 +36,8 @@ func (s *Server) sandboxJSON(sb *store.Sandbox) protocol.Sandbox {
 		CreatedAt: sb.CreatedAt, UpdatedAt: sb.UpdatedAt, StoppedAt: sb.StoppedAt,
 		PreserveMemoryOnStop: sb.PreserveMemoryOnStop,
 		CPUMillicores:        sb.MilliCPUs(), Labels: labelsOrEmpty(sb.Labels), Persistent: sb.Persistent,
+		Volumes: sandboxVolumesJSON(sb),
+		Docker:  sb.Docker,
 	}
 }
 
@@ -122,9 +124,6 @@ func (s *Server) deleteSnapshot(r *http.Request, _ none) (noContent, error) {
 // folds the Python client's snapshot into snapshot_id (which accepts an
 // id or a name).
 func checkCreateSandbox(req *protocol.CreateSandboxRequest) error {
-	if len(req.MountConfig) > 0 && string(req.MountConfig) != "null" {
-		return errdefs.Field("mount_config", "mounts are not supported by this server")
-	}
 	if d := req.AccessDelegation; d != nil {
 		switch {
 		case d.Mode == protocol.DelegationInherit && len(d.Permissions) > 0:

@@ -223,15 +223,19 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 			first.CommandID = uuid.NewString() // named, so its record's step can be found on reconnect
 		}
 	}
+	// The file record's baseline (beforeCommand) is taken while the agent
+	// connection is being made: both are done before the command is sent.
+	id := r.PathValue("id")
+	indexed := make(chan struct{})
+	go func() { defer close(indexed); s.beforeCommand(ctx, id, &first) }()
 	up, err := dp.Agent.DialExec(ctx)
+	<-indexed
 	if err != nil {
 		// 1011 before `started` is fatal for the client: say why.
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return
 	}
 	defer up.CloseNow()
-	id := r.PathValue("id")
-	s.beforeCommand(ctx, id, &first)
 	if err := wsjson.Write(ctx, up, first); err != nil {
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return

@@ -61,10 +61,14 @@ func writeError(ctx context.Context, w http.ResponseWriter, err error) {
 	var le *errdefs.LimitError
 	var ua *unavailableError
 	var pe *errdefs.PendingError
+	var ce *errdefs.CapacityError
 	switch {
 	case errors.As(err, &ua):
 		setRetryAfter(w, unavailableRetry)
 		writeDetail(w, http.StatusServiceUnavailable, "ServiceUnavailable", ua.Error())
+	case errors.As(err, &ce):
+		setRetryAfter(w, ce.RetryAfter)
+		writeDetail(w, http.StatusServiceUnavailable, "HostAtCapacity", ce.Error())
 	case errors.As(err, &pe):
 		setRetryAfter(w, pe.RetryAfter)
 		writeDetail(w, http.StatusServiceUnavailable, "NotReady", pe.Error())

@@ -32,10 +32,11 @@ func requestKind(p string) string {
 }
 
 // commandStart is the record's view of execute frame f (already layered
-// over the sandbox's run config); ownEnv is the env the caller sent.
-func commandStart(sandboxID string, dp *sandbox.Conn, f *protocol.ExecFrame, ownEnv []string, via string) record.CommandStart {
+// over the sandbox's run config); ownEnv is the env the caller sent, ctx
+// the request's (for its door).
+func commandStart(ctx context.Context, sandboxID string, dp *sandbox.Conn, f *protocol.ExecFrame, ownEnv []string, via string) record.CommandStart {
 	cs := record.CommandStart{SandboxID: sandboxID, WorkspaceID: dp.WorkspaceID, CommandID: f.CommandID, Command: f.Command,
-		Shell: f.Shell, EnvKeys: ownEnv, PTY: f.PTY, Via: via}
+		Shell: f.Shell, EnvKeys: ownEnv, PTY: f.PTY, Via: via, Door: doorOf(ctx)}
 	if f.RunConfig != nil {
 		cs.User, cs.Cwd = f.RunConfig.User, f.RunConfig.WorkDir
 	}
@@ -83,7 +84,7 @@ func (s *Server) tapExec(ctx context.Context, sandboxID string, dp *sandbox.Conn
 	if first.Type != protocol.FrameExecute {
 		return nil
 	}
-	return &execTap{ctx: ctx, cmd: s.rec.StartCommand(ctx, commandStart(sandboxID, dp, first, ownEnvKeys(first), via))}
+	return &execTap{ctx: ctx, cmd: s.rec.StartCommand(ctx, commandStart(ctx, sandboxID, dp, first, ownEnvKeys(first), via))}
 }
 
 // beforeCommand runs before execute frame f is sent to sandboxID's agent
@@ -227,7 +228,7 @@ func (s *Server) recordCommand(ctx context.Context, sandboxID string, dp *sandbo
 		return stdout, stderr, 0, func(context.Context, int, error) {}
 	}
 	s.rec.BeforeCommand(ctx, sandboxID)
-	cmd := s.rec.StartCommand(ctx, commandStart(sandboxID, dp, f, ownEnv, via))
+	cmd := s.rec.StartCommand(ctx, commandStart(ctx, sandboxID, dp, f, ownEnv, via))
 	return io.MultiWriter(stdout, streamWriter{cmd, record.Stdout}), io.MultiWriter(stderr, streamWriter{cmd, record.Stderr}), cmd.Step(),
 		func(ctx context.Context, code int, err error) { recordExecuteEnd(ctx, cmd, code, err) }
 }

@@ -21,6 +21,8 @@ type fileData struct {
 	Status int `json:"status,omitempty"`
 	// Via says how a download was asked for: "api" or "link".
 	Via string `json:"via,omitempty"`
+	// Door is the protocol the request came through (see DoorHeader).
+	Door string `json:"door,omitempty"`
 }
 
 // recordFile records file event typ on sandboxID, when recording.
@@ -28,6 +30,7 @@ func (s *Server) recordFile(ctx context.Context, sandboxID, workspaceID, typ str
 	if s.rec == nil {
 		return
 	}
+	d.Door = doorOf(ctx)
 	s.rec.Record(context.WithoutCancel(ctx), record.Event{SandboxID: sandboxID, WorkspaceID: workspaceID,
 		Kind: protocol.KindFile, Type: typ, Data: d})
 }

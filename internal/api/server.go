@@ -65,6 +65,9 @@ type Server struct {
 	// space measures the store for /healthz. Either may be nil.
 	health *health.Checker
 	space  func() (protocol.StoreSpace, error)
+	// mcp serves the MCP door at /mcp; nil without WithMCP, and then the
+	// route does not exist.
+	mcp http.Handler
 }
 
 // drain tells long-lived responses that the server is shutting down.
@@ -122,6 +125,15 @@ func WithRecorder(rec *record.Recorder) Option {
 	return func(s *Server) { s.rec = rec }
 }
 
+// WithMCP serves h (internal/mcp's streamable-HTTP handler) at /mcp, behind
+// the same authentication and rate limit as every API route; MCP hosts
+// may send the key as Authorization: Bearer instead of X-Api-Key. The
+// tools call this API back with the caller's key, so nothing else is
+// granted here.
+func WithMCP(h http.Handler) Option {
+	return func(s *Server) { s.mcp = h }
+}
+
 // New returns a Server. publicURL is the externally reachable base URL from
 // which dataplane URLs are derived (no trailing slash).
 func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *slog.Logger, opts ...Option) *Server {
@@ -171,6 +183,14 @@ func New(mgr Sandboxes, a Authenticator, images Images, publicURL string, log *s
 	s.handle("GET /dp/{id}/download", s.download)
 	s.handle("HEAD /dp/{id}/download", s.download)
 	s.handle("GET /metrics", s.metrics)
+	if s.mcp != nil {
+		s.handleKey("/mcp", mcpKey, func(w http.ResponseWriter, r *http.Request) {
+			// The MCP handler takes the (authenticated) key as a bearer
+			// token, whichever header carried it.
+			r.Header.Set("Authorization", "Bearer "+mcpKey(r))
+			s.mcp.ServeHTTP(w, r)
+		})
+	}
 	s.registerProtocolRoutes()
 	s.registerBranchingRoutes()
 	s.registerTenancyRoutes()
@@ -205,10 +225,28 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // valid X-Api-Key, within its key's rate limit; the principal it names is
 // put in the request context.
 func (s *Server) handle(pattern string, h http.HandlerFunc) {
+	s.handleKey(pattern, func(r *http.Request) string { return r.Header.Get("X-Api-Key") }, h)
+}
+
+// mcpKey is the key of an MCP request: X-Api-Key, else Authorization:
+// Bearer.
+func mcpKey(r *http.Request) string {
+	if k := r.Header.Get("X-Api-Key"); k != "" {
+		return k
+	}
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if ok && strings.EqualFold(scheme, "Bearer") {
+		return strings.TrimSpace(tok)
+	}
+	return ""
+}
+
+// handleKey is handle with the key read from the request by keyOf.
+func (s *Server) handleKey(pattern string, keyOf func(*http.Request) string, h http.HandlerFunc) {
 	target := targetOf(pattern)
 	s.mux.Handle(pattern, s.observe(pattern, func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		p, err := s.auth.Authenticate(r.Context(), r.Header.Get("X-Api-Key"))
+		p, err := s.auth.Authenticate(r.Context(), keyOf(r))
 		note(r, target, p, err)
 		if err == nil && s.limiter != nil {
 			err = s.limiter.admit(p)
@@ -218,7 +256,7 @@ func (s *Server) handle(pattern string, h http.HandlerFunc) {
 			return
 		}
 		telemetry.SetWorkspace(r.Context(), p.WorkspaceID)
-		h(w, r.WithContext(auth.WithPrincipal(r.Context(), p)))
+		h(w, withDoor(r.WithContext(auth.WithPrincipal(r.Context(), p))))
 		s.log.DebugContext(r.Context(), "request", "method", r.Method, "path", r.URL.Path, "workspace", p.WorkspaceID, "took", time.Since(start))
 	}))
 }

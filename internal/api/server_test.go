@@ -143,8 +143,8 @@ func TestUnknownFieldsRefused(t *testing.T) {
 
 // TestClientFields: the members the official clients send are accepted;
 // snapshot (Python) reaches the manager as snapshot_id, name:tag whole;
-// mount_config, which Cubicle cannot honour, and malformed access
-// delegations are refused naming the field.
+// mount_config reaches the manager as sent (it checks it: internal/mounts),
+// and malformed access delegations are refused naming the field.
 func TestClientFields(t *testing.T) {
 	ta := newTestAPI(t, true)
 	st, body := ta.do(t, "POST", "/v2/sandboxes/boxes", memberKey, `{"wait_for_ready":true,"timeout":30,"snapshot":"base:latest","name":"n1",
@@ -161,13 +161,16 @@ func TestClientFields(t *testing.T) {
 		`{"snapshot_id":"sn1","name":"n2","access_delegation":{"mode":"EXPLICIT","permissions":["read"]}}`,
 		`{"snapshot":"base","snapshot_name":"base","name":"n3"}`,
 		`{"name":"n4","mount_config":null}`,
+		`{"name":"n5","mount_config":{"mounts":[{"id":"g","type":"git","mount_path":"/r","git":{"remote_url":"https://h/r"}}]}}`,
 	} {
 		if st, resp := ta.do(t, "POST", "/v2/sandboxes/boxes", memberKey, body); st != 201 {
 			t.Fatalf("%s: %d %v", body, st, resp)
 		}
 	}
+	if got := string(ta.mgr.create.MountConfig); !strings.Contains(got, `"remote_url":"https://h/r"`) {
+		t.Fatalf("mount_config reached the manager as %q", got)
+	}
 	for _, c := range []struct{ body, loc string }{
-		{`{"mount_config":{"auth":{},"mounts":[]}}`, "body/mount_config"},
 		{`{"access_delegation":{"mode":"EXPLICIT"}}`, "body/access_delegation.permissions"},
 		{`{"access_delegation":{"mode":"INHERIT","permissions":["x"]}}`, "body/access_delegation.permissions"},
 		{`{"access_delegation":{"mode":"ALL"}}`, "body/access_delegation.mode"},
@@ -593,6 +596,17 @@ func TestStartRestoreMemory(t *testing.T) {
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// TestSandboxJSONSaysDocker: the sandbox JSON carries the docker opt-in.
+func TestSandboxJSONSaysDocker(t *testing.T) {
+	ta := newTestAPI(t, false)
+	for _, want := range []bool{false, true} {
+		ta.mgr.sandboxes["bobs"].Docker = want
+		if st, body := ta.do(t, "GET", "/v2/sandboxes/boxes/bobs", memberKey, nil); st != 200 || field(body, "docker") != want {
+			t.Fatalf("get with docker %v: %d %v", want, st, body)
+		}
+	}
+}
 
 // TestJWKS: the identity public key is served without an API key, in the
 // shape the clients' SandboxTokenVerifier reads.

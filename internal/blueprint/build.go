@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -32,6 +34,10 @@ type Builder struct {
 	// lists) across builds; "" downloads everything every time.
 	CacheDir string
 	Log      *slog.Logger
+
+	// mu runs one build at a time: builds share CacheDir, whose apt
+	// archives a second apt-get would find locked.
+	mu sync.Mutex
 }
 
 // Result is a finished build.
@@ -53,8 +59,13 @@ const epoch = "@1700000000"
 // Build runs r's recipe: debootstrap, the chroot script, the tarball.
 // progress (may be nil) is called from Build's goroutines, in order.
 func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) (_ *Result, err error) {
-	start := time.Now()
 	rep := newReporter(progress)
+	if !b.mu.TryLock() {
+		rep.set("waiting for another blueprint build", 0)
+		b.mu.Lock()
+	}
+	defer b.mu.Unlock()
+	start := time.Now()
 	if err := os.MkdirAll(b.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("blueprint work dir: %w", err)
 	}
@@ -72,6 +83,16 @@ func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) 
 	if err != nil {
 		return nil, err
 	}
+	// dpkg (debootstrap's inside the root, then apt's) fsyncs every file
+	// it unpacks, which is most of a build's time; a scratch root that is
+	// packed into a tarball afterwards needs none of it. The script
+	// removes the setting before packing.
+	if err := os.MkdirAll(filepath.Join(root, filepath.Dir(unsafeIOPath)), 0o755); err != nil {
+		return nil, fmt.Errorf("blueprint root: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(root, unsafeIOPath), []byte("force-unsafe-io\n"), 0o644); err != nil {
+		return nil, fmt.Errorf("blueprint root: %w", err)
+	}
 	rep.set("debootstrap "+r.Suite, 0)
 	args := []string{"--variant=minbase"}
 	if cache.debootstrap != "" {
@@ -83,6 +104,9 @@ func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) 
 	}
 	if err := b.chroot(ctx, root, cache, r.script(), rep); err != nil {
 		return nil, fmt.Errorf("install packages: %w", err)
+	}
+	if err := copyBinaries(root, r.Binaries); err != nil {
+		return nil, err
 	}
 	f, err := os.Open(filepath.Join(root, manifestPath))
 	if err != nil {
@@ -103,6 +127,48 @@ func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) 
 	}
 	rep.set("packed", 97)
 	return &Result{Rootfs: tarball, Dir: dir, Packages: pkgs, Took: time.Since(start)}, nil
+}
+
+// copyBinaries copies each of bins into root (mode 0755), checking that
+// it is still the file the recipe's key names.
+func copyBinaries(root string, bins map[string]Binary) error {
+	for dst, bin := range bins {
+		if err := copyBinary(filepath.Join(root, dst), bin); err != nil {
+			return fmt.Errorf("copy %s into the image: %w", bin.Source, err)
+		}
+	}
+	return nil
+}
+
+func copyBinary(dst string, bin Binary) error {
+	src, err := os.Open(bin.Source)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+		return err
+	}
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	_, err = io.Copy(io.MultiWriter(out, h), src)
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	want, err := bin.Digest()
+	if err != nil {
+		return err
+	}
+	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != want {
+		return fmt.Errorf("it changed since its digest was taken (%s, want %s)", got, want)
+	}
+	return nil
 }
 
 // packCommand writes root as a reproducible tarball: names sorted, numeric

@@ -15,10 +15,14 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"maps"
+	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
 )
 
 // Recipe is what a blueprint installs. Its Key names exactly what it
@@ -46,6 +50,63 @@ type Recipe struct {
 	// script (which the key hashes) without a change to the fields above,
 	// so the key changes too.
 	Revision int
+	// Groups are User's groups besides sudo.
+	Groups []string
+	// Files are written into the image (path → content, mode 0755) once
+	// the packages are in.
+	Files map[string]string
+	// Binaries are host files copied into the image (path inside →
+	// file), after the packages: programs Debian does not package.
+	Binaries map[string]Binary
+	// Boot is how sandboxes of the snapshot boot (zero: plainly).
+	Boot sandbox.BuiltinBoot
+}
+
+// Binary is a host file a recipe copies into its image, named in the
+// recipe's key by its content's digest. The digest is taken at the first
+// use (Key or the copy), not when the daemon starts: hashing BuildKit's
+// ~100 MB on every start would delay every start for a snapshot that may
+// never be used.
+type Binary struct {
+	Source string
+	digest *lazyDigest // shared by copies of the Binary
+}
+
+type lazyDigest struct {
+	once sync.Once
+	sum  string
+	err  error
+}
+
+// NewBinary describes host file path, which must be a regular file.
+func NewBinary(path string) (Binary, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return Binary{}, fmt.Errorf("blueprint binary: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return Binary{}, fmt.Errorf("blueprint binary %s: not a regular file", path)
+	}
+	return Binary{Source: path, digest: &lazyDigest{}}, nil
+}
+
+// Digest is the file's "sha256:…" digest as first read.
+func (b Binary) Digest() (string, error) {
+	b.digest.once.Do(func() {
+		f, err := os.Open(b.Source)
+		if err != nil {
+			b.digest.err = fmt.Errorf("blueprint binary: %w", err)
+			return
+		}
+		defer f.Close()
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err != nil {
+			b.digest.err = fmt.Errorf("blueprint binary %s: %w", b.Source, err)
+			return
+		}
+		b.digest.sum = "sha256:" + hex.EncodeToString(h.Sum(nil))
+	})
+	return b.digest.sum, b.digest.err
 }
 
 // Default is the default computer: Debian stable with Python, Node.js,
@@ -71,6 +132,78 @@ func Default() Recipe {
 	}
 }
 
+// dockerdScript is /usr/local/bin/cubicle-dockerd of the docker blueprint:
+// the start command that runs dockerd as gVisor's "Docker in gVisor"
+// guide does. Docker's own iptables rules are off (gVisor's netstack has
+// no nftables and the guide's set-up needs none of them): forwarding on
+// and one SNAT rule per protocol out of the sandbox's interface give
+// nested containers the sandbox's address, so their connections leave
+// through the sandbox's veth and its egress policy, like its own. The
+// MTU follows the interface's. dockerd's exit status lands in
+// /tmp/cubicle-dockerd.exit, which the probe (--ready) reads: a sandbox without the opt-in is
+// ready (with no Docker; the log says why) instead of never.
+const dockerdScript = `#!/bin/sh
+set -u
+exitfile=/tmp/cubicle-dockerd.exit
+if [ "${1:-}" = --ready ]; then
+  docker info >/dev/null 2>&1 && exit 0
+  [ -e "$exitfile" ] && { echo "dockerd exited $(cat "$exitfile"); see /tmp/cubicle-start.log" >&2; exit 0; }
+  exit 1
+fi
+rm -f "$exitfile"
+# A persistent sandbox keeps /run across a stop: this boot's dockerd and
+# containerd must not take the last boot's pid files for live processes.
+rm -f /var/run/docker.pid /var/run/docker/containerd/containerd.pid
+dev=$(ip route show default | sed -n 's/.* dev \([^ ]*\).*/\1/p' | head -n1)
+addr=$(ip -4 -o addr show dev "$dev" | sed -n 's/.* inet \([0-9.]*\)\/.*/\1/p' | head -n1)
+mtu=$(ip -o link show dev "$dev" | sed -n 's/.* mtu \([0-9]*\).*/\1/p')
+if echo 1 >/proc/sys/net/ipv4/ip_forward; then
+  for p in tcp udp; do
+    iptables-legacy -t nat -C POSTROUTING -o "$dev" -p $p -j SNAT --to-source "$addr" 2>/dev/null ||
+      iptables-legacy -t nat -A POSTROUTING -o "$dev" -p $p -j SNAT --to-source "$addr"
+  done
+fi
+dockerd --iptables=false --ip6tables=false ${mtu:+--mtu=$mtu} "$@"
+code=$?
+echo "$code" >"$exitfile"
+exit "$code"
+`
+
+// Docker is the default computer with Docker inside: Debian's docker.io
+// (dockerd, containerd, runc, the docker CLI) and docker-compose, the
+// user in group docker, dockerd started at every boot (cubicle-dockerd)
+// and the sandbox ready once it answers. Its sandboxes run with Docker
+// inside unless their create says otherwise.
+func Docker() Recipe {
+	r := Default()
+	r.Name = "docker"
+	r.Packages = append(r.Packages, "docker.io", "docker-compose", "iproute2", "iptables")
+	r.Groups = []string{"docker"}
+	r.Files = map[string]string{dockerdPath: dockerdScript}
+	r.Boot = sandbox.BuiltinBoot{Docker: true, StartCmd: "sudo " + dockerdPath, ReadyCmd: dockerdPath + " --ready"}
+	return r
+}
+
+// dockerdPath is where the docker blueprints keep cubicle-dockerd.
+const dockerdPath = "/usr/local/bin/cubicle-dockerd"
+
+// DockerfileBuilder is the snapshot the official clients' createSnapshotFromDockerfile
+// runs in: the docker blueprint run as root (the clients' build command
+// writes under /var/lib and starts buildkitd) with BuildKit's daemon and
+// client, buildkitd and buildctl (built from the Go module proxy at the
+// version tools/buildkit pins; Debian has no BuildKit), and buildkit-runc,
+// the name the clients give buildkitd's OCI worker, for Debian's runc.
+func DockerfileBuilder(buildkitd, buildctl Binary) Recipe {
+	r := Docker()
+	r.Name = sandbox.BuilderSnapshot
+	r.User, r.UID, r.Groups = "", 0, nil
+	r.Files = maps.Clone(r.Files)
+	r.Files["/usr/local/bin/buildkit-runc"] = "#!/bin/sh\nexec runc \"$@\"\n"
+	r.Binaries = map[string]Binary{"/usr/local/bin/buildkitd": buildkitd, "/usr/local/bin/buildctl": buildctl}
+	r.Boot.StartCmd = dockerdPath
+	return r
+}
+
 // Home is the user's home directory, the image's working directory ("/"
 // without a user).
 func (r Recipe) Home() string {
@@ -90,6 +223,16 @@ func (r Recipe) Key() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%s\n%s\n%d\n%s\n%d\n%s", r.Name, r.Suite, r.Mirror, r.SecurityMirror,
 		strings.Join(pkgs, " "), r.User, r.UID, strings.Join(r.Env, "\n"), r.Revision, sorted.script())
+	if r.Boot != (sandbox.BuiltinBoot{}) { // absent from older recipes' keys
+		fmt.Fprintf(h, "\n%v\n%s\n%s", r.Boot.Docker, r.Boot.StartCmd, r.Boot.ReadyCmd)
+	}
+	for _, p := range slices.Sorted(maps.Keys(r.Binaries)) {
+		d, err := r.Binaries[p].Digest()
+		if err != nil {
+			d = "unreadable" // the build's copy fails on it, naming why
+		}
+		fmt.Fprintf(h, "\n%s %s", p, d)
+	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
@@ -104,6 +247,9 @@ func (r Recipe) sources() string {
 	}
 	return b.String()
 }
+
+// unsafeIOPath is the dpkg setting a build runs under (see Build).
+const unsafeIOPath = "/etc/dpkg/dpkg.cfg.d/00cubicle-unsafe-io"
 
 // manifestPath is where, inside the image, the installed packages are
 // listed (one "name<TAB>version" a line), so a sandbox can read them too.
@@ -126,14 +272,17 @@ func (r Recipe) script() string {
 	fmt.Fprintf(&b, "echo %s >&3\n", installMarker)
 	fmt.Fprintf(&b, "apt-get -o APT::Status-Fd=3 -y --no-install-recommends install %s\n", strings.Join(r.Packages, " "))
 	if r.User != "" {
-		fmt.Fprintf(&b, "useradd --create-home --shell /bin/bash --uid %d --user-group --groups sudo %s\n", r.UID, r.User)
+		fmt.Fprintf(&b, "useradd --create-home --shell /bin/bash --uid %d --user-group --groups %s %s\n", r.UID, strings.Join(append([]string{"sudo"}, r.Groups...), ","), r.User)
 		fmt.Fprintf(&b, "echo '%s ALL=(ALL) NOPASSWD:ALL' >/etc/sudoers.d/%s && chmod 0440 /etc/sudoers.d/%s\n", r.User, r.User, r.User)
 		// Setuid does not work in a sandbox: sudo is the agent's broker
 		// (internal/agent ServeSudo), the real one diverted aside.
 		fmt.Fprintf(&b, "dpkg-divert --local --rename --divert /usr/bin/sudo.setuid --add /usr/bin/sudo\n")
 		fmt.Fprintf(&b, "ln -s %s /usr/bin/sudo\n", runtime.AgentMountPath) // sudo when run by that name
 	}
-	b.WriteString("rm -f /usr/sbin/policy-rc.d /etc/apt/apt.conf.d/00cubicle-keep\n")
+	for _, p := range slices.Sorted(maps.Keys(r.Files)) {
+		fmt.Fprintf(&b, "mkdir -p %s && cat >%s <<'CUBICLE_EOF' && chmod 0755 %s\n%sCUBICLE_EOF\n", dirOf(p), p, p, r.Files[p])
+	}
+	b.WriteString("rm -f /usr/sbin/policy-rc.d /etc/apt/apt.conf.d/00cubicle-keep " + unsafeIOPath + "\n")
 	fmt.Fprintf(&b, "mkdir -p %s && dpkg-query -W -f '${Package}\\t${Version}\\n' >%s\n", dirOf(manifestPath), manifestPath)
 	// Whatever differs from build to build without meaning anything.
 	b.WriteString("rm -rf /var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/debconf/*-old /var/lib/dpkg/*-old /tmp/* /var/tmp/* /root/.cache\n")

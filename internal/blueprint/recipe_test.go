@@ -153,3 +153,80 @@ func TestPackReproducible(t *testing.T) {
 		t.Fatalf("two packs of the same tree differ (%d and %d bytes)", len(a), len(b))
 	}
 }
+
+// TestDockerRecipe: the docker blueprint is the default computer plus
+// Debian's Docker, its user in group docker, cubicle-dockerd written
+// into the image as valid shell, and sandboxes that boot with Docker
+// inside, start dockerd and wait for it; its key is its own.
+func TestDockerRecipe(t *testing.T) {
+	r, def := Docker(), Default()
+	for _, p := range append(slices.Clone(def.Packages), "docker.io", "iptables", "iproute2") {
+		if !slices.Contains(r.Packages, p) {
+			t.Errorf("docker recipe lacks %s", p)
+		}
+	}
+	s := r.script()
+	for _, want := range []string{"--groups sudo,docker user\n", "cat >/usr/local/bin/cubicle-dockerd <<'CUBICLE_EOF'", "dockerd --iptables=false"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("docker script lacks %q", want)
+		}
+	}
+	for name, sh := range map[string]string{"chroot script": s, "cubicle-dockerd": dockerdScript} {
+		if out, err := exec.Command("sh", "-n", "-c", sh).CombinedOutput(); err != nil {
+			t.Errorf("%s is not valid shell: %v %s", name, err, out)
+		}
+	}
+	if !r.Boot.Docker || !strings.Contains(r.Boot.StartCmd, "cubicle-dockerd") || !strings.Contains(r.Boot.ReadyCmd, "--ready") {
+		t.Errorf("docker boot %+v", r.Boot)
+	}
+	if r.Key() == def.Key() || strings.Contains(def.script(), "docker") {
+		t.Error("the docker recipe shares the default's key or script")
+	}
+}
+
+// TestDockerfileBuilderRecipe: the builder is the docker blueprint run as
+// root with BuildKit copied in (named by digest in its key) and the
+// buildkit-runc the official clients ask buildkitd for; a binary that
+// changed since its digest was taken is not copied.
+func TestDockerfileBuilderRecipe(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "buildkitd")
+	if err := os.WriteFile(src, []byte("v1"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	bin, err := NewBinary(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := DockerfileBuilder(bin, bin)
+	if r.Name != "builder" || r.User != "" || !r.Boot.Docker || strings.Contains(r.Boot.StartCmd, "sudo") {
+		t.Fatalf("builder recipe %s user %q boot %+v; want builder as root with Docker", r.Name, r.User, r.Boot)
+	}
+	if _, ok := r.Files["/usr/local/bin/buildkit-runc"]; !ok || r.Binaries["/usr/local/bin/buildctl"] != bin {
+		t.Fatalf("builder files %v binaries %v", r.Files, r.Binaries)
+	}
+	otherSrc := filepath.Join(dir, "buildkitd-other")
+	if err := os.WriteFile(otherSrc, []byte("v0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	other, err := NewBinary(otherSrc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if DockerfileBuilder(other, bin).Key() == r.Key() || Docker().Files["/usr/local/bin/buildkit-runc"] != "" {
+		t.Error("a different buildkitd keeps the key, or the builder's files leaked into docker's")
+	}
+	root := t.TempDir()
+	if err := copyBinaries(root, r.Binaries); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "usr/local/bin/buildkitd")); err != nil || string(b) != "v1" {
+		t.Fatalf("copied buildkitd: %q %v", b, err)
+	}
+	if err := os.WriteFile(src, []byte("v2"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := copyBinaries(t.TempDir(), r.Binaries); err == nil || !strings.Contains(err.Error(), "changed") {
+		t.Fatalf("copying a changed binary: %v", err)
+	}
+}

@@ -33,6 +33,11 @@ func (s *Source) Describe() string {
 	return fmt.Sprintf("blueprint %s (Debian %s, %s)", s.Recipe.Name, s.Recipe.Suite, s.Recipe.Key())
 }
 
+// Boot is the recipe's (sandbox.BuiltinBooter).
+func (s *Source) Boot() sandbox.BuiltinBoot { return s.Recipe.Boot }
+
+var _ sandbox.BuiltinBooter = (*Source)(nil)
+
 // imageRef is the local image name a built-in of this key gets.
 func imageRef(name, key string) string { return "cubicle-builtin/" + name + ":" + key }
 

@@ -135,8 +135,8 @@ func TestMissingAPIKeyIsClear(t *testing.T) {
 	}
 }
 
-// TestMemoryFlags: --preserve-memory-on-stop reaches the create body and
-// --restore-memory the start body; left out, neither is sent.
+// TestMemoryFlags: --preserve-memory-on-stop and --docker reach the
+// create body and --restore-memory the start body; left out, none is sent.
 func TestMemoryFlags(t *testing.T) {
 	mux := http.NewServeMux()
 	srv := httptest.NewServer(mux)
@@ -163,6 +163,8 @@ func TestMemoryFlags(t *testing.T) {
 	}{
 		{newSandboxCreateCmd(), []string{"--preserve-memory-on-stop"}, `"preserve_memory_on_stop":true`},
 		{newSandboxCreateCmd(), nil, ""},
+		{newSandboxCreateCmd(), []string{"--docker"}, `"docker":true`},
+		{newSandboxCreateCmd(), []string{"--docker=false"}, `"docker":false`},
 		{newSandboxStartCmd(), []string{"box", "--restore-memory=false"}, `"restore_memory":false`},
 		{newSandboxStartCmd(), []string{"box", "--restore-memory"}, `"restore_memory":true`},
 		{newSandboxStartCmd(), []string{"box"}, ""},
@@ -171,7 +173,7 @@ func TestMemoryFlags(t *testing.T) {
 		if _, _, err := runCmd(c.cmd, "", c.args...); err != nil || len(bodies) != 1 {
 			t.Fatalf("%v: %v, %d requests", c.args, err, len(bodies))
 		}
-		if c.want != "" && !strings.Contains(bodies[0], c.want) || c.want == "" && strings.Contains(bodies[0], "memory") {
+		if c.want != "" && !strings.Contains(bodies[0], c.want) || c.want == "" && (strings.Contains(bodies[0], "memory") || strings.Contains(bodies[0], "docker")) {
 			t.Errorf("%v sent %s, want %q", c.args, bodies[0], c.want)
 		}
 	}
@@ -181,15 +183,7 @@ func TestMemoryFlags(t *testing.T) {
 // for sandboxes and (--snapshot) snapshots; --with workspace shares with
 // the whole workspace.
 func TestShareCmds(t *testing.T) {
-	t.Setenv(envAPIKey, "k")
-	mux := http.NewServeMux()
-	srv := httptest.NewServer(mux)
-	t.Cleanup(srv.Close)
-	t.Setenv(envEndpoint, srv.URL)
-	var got []string
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		got = append(got, r.Method+" "+r.URL.Path+" "+strings.TrimSpace(string(b)))
+	got := recordingAPI(t, func(w http.ResponseWriter, r *http.Request) {
 		switch r.Method {
 		case http.MethodDelete:
 			w.WriteHeader(http.StatusNoContent)
@@ -220,7 +214,43 @@ func TestShareCmds(t *testing.T) {
 		`GET /v2/sandboxes/boxes/box/shares `,
 		`DELETE /v2/sandboxes/snapshots/snap-1/shares/s1 `,
 	}
-	if strings.Join(got, "\n") != strings.Join(want, "\n") {
-		t.Fatalf("requests:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	if strings.Join(*got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("requests:\n%s\nwant:\n%s", strings.Join(*got, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+func TestSnapshotPoolCmd(t *testing.T) {
+	got := recordingAPI(t, func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(protocol.SnapshotPool{SnapshotID: "s1", Size: 4, MaxAgeSeconds: 600, Ready: 3})
+	})
+	out, _, err := runCmd(newSnapshotPoolCmd(), "", "base", "--size", "4", "--max-age", "10m")
+	if err != nil || !strings.Contains(out, "size 4") || !strings.Contains(out, "ready 3") || !strings.Contains(out, "max age 10m0s") {
+		t.Fatalf("pool: %q %v", out, err)
+	}
+	if _, _, err := runCmd(newSnapshotPoolCmd(), "", "base"); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`PUT /v2/sandboxes/snapshots/base/pool {"size":4,"max_age_seconds":600}`,
+		`GET /v2/sandboxes/snapshots/base/pool `,
+	}
+	if strings.Join(*got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("requests:\n%s\nwant:\n%s", strings.Join(*got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// recordingAPI points the CLI at a test server whose handler is respond
+// and returns the requests it received, each "METHOD PATH BODY".
+func recordingAPI(t *testing.T, respond http.HandlerFunc) *[]string {
+	t.Helper()
+	var got []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got = append(got, r.Method+" "+r.URL.Path+" "+strings.TrimSpace(string(b)))
+		respond(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	t.Setenv(envAPIKey, "k")
+	t.Setenv(envEndpoint, srv.URL)
+	return &got
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
+	"github.com/cubicle-dev/cubicle/internal/mounts"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -37,11 +38,11 @@ func addEgressFlags(fl *pflag.FlagSet, f *egressFlags) {
 	fl.StringVar(&f.listen, "egress-listen", "0.0.0.0:0",
 		"address of the transparent egress proxy; sandboxes reach it only through the redirect of their TCP 80/443 (port 0: any free port)")
 	fl.StringSliceVar(&f.caFiles, "egress-ca-file", nil,
-		"PEM file of extra CA certificates the egress proxy trusts for upstream TLS, besides the host's (repeatable)")
+		"PEM file of extra CA certificates the egress proxy and data mounts (S3/GCS endpoints, git remotes) trust for upstream TLS, besides the host's (repeatable)")
 	fl.IntVar(&f.maxConns, "egress-max-conns-per-sandbox", 512,
 		"connections one sandbox may hold open through the egress proxy at once (more are reset)")
 	fl.StringVar(&f.stsEndpoint, "egress-sts-endpoint", "",
-		"AWS STS endpoint the egress proxy assumes aws.role_arn roles through (default: the regional STS endpoint of the rule's region, else https://sts.amazonaws.com)")
+		"AWS STS endpoint the egress proxy and S3 data mounts assume aws.role_arn roles through (default: the regional STS endpoint of the rule's or mount's region, else https://sts.amazonaws.com)")
 	fl.StringSliceVar(&f.resolve, "egress-resolve", nil,
 		"NAME=IPv4: resolve NAME to IPv4 in the egress proxy instead of DNS (repeatable; for tests and split-horizon setups)")
 }
@@ -65,13 +66,8 @@ func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, n
 		Resolve: map[string]netip.Addr{}, Upstreams: upstreams, MaxConnsPerSandbox: f.maxConns,
 		Identity: ids, STSEndpoint: f.stsEndpoint,
 	}
-	for _, p := range f.caFiles {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return nil, nil, fmt.Errorf("--egress-ca-file: %w", err)
-		}
-		cfg.ExtraRootsPEM = append(cfg.ExtraRootsPEM, b...)
-		cfg.ExtraRootsPEM = append(cfg.ExtraRootsPEM, '\n')
+	if cfg.ExtraRootsPEM, err = readCAFiles(f.caFiles); err != nil {
+		return nil, nil, err
 	}
 	for _, r := range f.resolve {
 		name, ip, ok := strings.Cut(r, "=")
@@ -86,6 +82,31 @@ func newEgress(ctx context.Context, f egressFlags, dataDir, hostResolv string, n
 		return nil, nil, err
 	}
 	return svc, vault, nil
+}
+
+// newDataMounts serves mount_config under <data-dir>/mounts, trusting the
+// egress proxy's extra CAs for the stores and git remotes too, and never
+// dialling the sandbox pool.
+func newDataMounts(f serveFlags, vault *secrets.Vault, netmgr *network.Manager, log *slog.Logger) (*mounts.Service, error) {
+	roots, err := readCAFiles(f.egress.caFiles)
+	if err != nil {
+		return nil, err
+	}
+	return mounts.New(mounts.Options{Dir: filepath.Join(f.dataDir, "mounts"), Secrets: vault, ExtraRootsPEM: roots,
+		Forbidden: []netip.Prefix{netmgr.Pool()}, AllowLoopback: f.mountsLoopback, GCSEndpoint: f.gcsEndpoint, STSEndpoint: f.egress.stsEndpoint, Logger: log})
+}
+
+// readCAFiles concatenates the PEM files given to --egress-ca-file.
+func readCAFiles(paths []string) ([]byte, error) {
+	var pem []byte
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("--egress-ca-file: %w", err)
+		}
+		pem = append(append(pem, b...), '\n')
+	}
+	return pem, nil
 }
 
 // upstreamResolvers are the host:port resolvers of resolv.conf at path,

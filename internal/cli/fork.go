@@ -205,6 +205,10 @@ func newInfoCmd() *cobra.Command {
 					space("host space", *sp.Host)
 				}
 				fmt.Fprintf(w, "usable\t%s\n", humanize.IBytes(uint64(max(sp.Usable, 0))))
+				if m := sp.Metadata; m != nil {
+					fmt.Fprintf(w, "metadata\t%s used of %s, %s free (reserve %s, %s unallocated)\n", humanize.IBytes(uint64(m.Used)),
+						humanize.IBytes(uint64(m.Total)), humanize.IBytes(uint64(m.Free)), humanize.IBytes(uint64(m.Reserve)), humanize.IBytes(uint64(m.Unallocated)))
+				}
 			}
 			if err := w.Flush(); err != nil {
 				return err

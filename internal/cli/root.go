@@ -22,6 +22,7 @@ func Main(args []string) int {
 	root.AddCommand(
 		newServeCmd(),
 		newAgentCmd(),
+		newSetIdentityCmd(),
 		newImageCmd(),
 		newSnapshotCmd(),
 		newSandboxCmd(),
@@ -39,9 +40,11 @@ func Main(args []string) int {
 		newWhoAmICmd(),
 		newAccessLogCmd(),
 		newQuotaCmd(),
+		newVolumeCmd(),
 		newUsageCmd(),
 		newAuditCmd(),
 		newReplayCmd(),
+		newMCPCmd(),
 	)
 	root.SetArgs(args)
 	if err := root.Execute(); err != nil {

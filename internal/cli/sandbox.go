@@ -38,6 +38,9 @@ type sandboxCreateFlags struct {
 	timeout    int64
 	// preserveMemory is --preserve-memory-on-stop; nil when not given.
 	preserveMemory *bool
+	volumes        []string // --volume NAME:/path[:ro]
+	// docker is --docker; nil when not given (the snapshot decides).
+	docker *bool
 }
 
 func newSandboxCreateCmd() *cobra.Command {
@@ -73,7 +76,9 @@ func newSandboxCreateCmd() *cobra.Command {
 	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512MiB (default: the daemon's)")
 	fl.StringVar(&f.fsCapacity, "fs-capacity", "", "filesystem capacity, e.g. 10GiB (default: the snapshot's)")
 	fl.Int64Var(&f.timeout, "timeout", 60, "seconds the daemon may take to make the sandbox ready")
+	fl.StringArrayVar(&f.volumes, "volume", nil, "attach a persistent volume, NAME:/path[:ro] (repeatable)")
 	optionalBool(fl, &f.preserveMemory, "preserve-memory-on-stop", "checkpoint the sandbox's memory at every stop, so a start resumes its processes (gvisor)")
+	optionalBool(fl, &f.docker, "docker", "run the sandbox with what Docker inside needs (gvisor; default: the snapshot's; the built-in snapshot docker has it and starts dockerd)")
 	return cmd
 }
 
@@ -110,7 +115,8 @@ func (o *optBool) Type() string { return "bool" }
 func (f sandboxCreateFlags) request() (protocol.CreateSandboxRequest, error) {
 	wait := true
 	timeout := f.timeout
-	req := protocol.CreateSandboxRequest{WaitForReady: &wait, Timeout: &timeout, Name: f.name, PreserveMemoryOnStop: f.preserveMemory}
+	req := protocol.CreateSandboxRequest{WaitForReady: &wait, Timeout: &timeout, Name: f.name, PreserveMemoryOnStop: f.preserveMemory,
+		Docker: f.docker}
 	if f.snapshot != "" {
 		if _, err := uuid.Parse(f.snapshot); err == nil {
 			req.SnapshotID = f.snapshot
@@ -135,6 +141,13 @@ func (f sandboxCreateFlags) request() (protocol.CreateSandboxRequest, error) {
 			return req, fmt.Errorf("--fs-capacity: %w", err)
 		}
 		req.FSCapacityBytes = &n
+	}
+	for _, s := range f.volumes {
+		a, err := parseVolumeFlag(s)
+		if err != nil {
+			return req, err
+		}
+		req.Volumes = append(req.Volumes, a)
 	}
 	return req, nil
 }

@@ -18,12 +18,14 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/api"
 	"github.com/cubicle-dev/cubicle/internal/auth"
 	"github.com/cubicle-dev/cubicle/internal/blueprint"
+	"github.com/cubicle-dev/cubicle/internal/e2b"
 	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/filerec"
 	"github.com/cubicle-dev/cubicle/internal/health"
 	"github.com/cubicle-dev/cubicle/internal/identity"
 	"github.com/cubicle-dev/cubicle/internal/image"
 	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
+	cubiclemcp "github.com/cubicle-dev/cubicle/internal/mcp"
 	"github.com/cubicle-dev/cubicle/internal/network"
 	"github.com/cubicle-dev/cubicle/internal/proxy"
 	"github.com/cubicle-dev/cubicle/internal/record"
@@ -36,6 +38,8 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/storage"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/internal/telemetry"
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/dustin/go-humanize"
 	"github.com/spf13/cobra"
 )
@@ -52,6 +56,7 @@ type serveFlags struct {
 	serviceDomain      string
 	signingKey         string
 	reapInterval       time.Duration
+	poolDefault        int64
 	ttlGranularity     time.Duration
 	execOutputLimit    int
 	auditRetention     time.Duration
@@ -59,14 +64,20 @@ type serveFlags struct {
 	auditFiles         bool
 	auditExport        auditExportFlags
 	egress             egressFlags
+	gcsEndpoint        string
+	mountsLoopback     bool
 	hostResolv         string
 	conns              api.ConnLimits
 	imageMaxBytes      string
 	layerMaxBytes      string
 	buildCacheBytes    string
 	metricsListen      string
+	e2bListen          string
 	rateLimit          api.RateLimit
 	storeReserve       string
+	maxBoots           int
+	bootQueue          int
+	memReserve         string
 	defaultImage       string
 	blueprintCache     string
 }
@@ -145,6 +156,10 @@ func newServeCmd() *cobra.Command {
 	fl := cmd.Flags()
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to serve the API on")
 	addEgressFlags(fl, &f.egress)
+	fl.StringVar(&f.gcsEndpoint, "mounts-gcs-endpoint", "",
+		"base URL of the GCS JSON API that gcs mounts use instead of https://storage.googleapis.com (an emulator, for tests)")
+	fl.BoolVar(&f.mountsLoopback, "mounts-allow-loopback", false,
+		"let mount endpoints and git remotes be loopback addresses (an object store on this host; tests); link-local and the sandbox pool are always refused")
 	fl.StringVar(&f.hostResolv, "host-resolv-conf", "/etc/resolv.conf",
 		"resolv.conf whose non-loopback nameservers sandboxes name, and whose nameservers the daemon's resolver for sandboxes with a proxy_config forwards to")
 	fl.DurationVar(&f.conns.HeaderTimeout, "http-header-timeout", f.conns.HeaderTimeout,
@@ -164,13 +179,22 @@ func newServeCmd() *cobra.Command {
 	fl.StringVar(&f.layerMaxBytes, "image-layer-max-bytes", "", "cap on one unpacked image layer (default: the image cap)")
 	fl.StringVar(&f.storeReserve, "store-reserve", "1GiB",
 		"space the copy-on-write store keeps free (the smaller of its own free space and, for a loop image, its host filesystem's): below it /healthz is unavailable and creates, starts, forks and captures get a 503; below twice it, degraded. 0: no reserve")
+	fl.IntVar(&f.maxBoots, "max-boots", sandbox.DefaultMaxBoots(),
+		"sandbox boots (creates, starts, warm-pool refills) that run at once; more wait their turn, up to --boot-queue")
+	fl.IntVar(&f.bootQueue, "boot-queue", 0,
+		"creates and starts that may wait for a boot slot; past it they get a 503 HostAtCapacity with Retry-After (default 64 per CPU)")
+	fl.StringVar(&f.memReserve, "mem-reserve", "1GiB",
+		"memory kept for the host: a create, start or warm-pool refill whose mem_bytes exceeds the host's MemAvailable less this gets a 503 HostAtCapacity (0: no reserve)")
 	fl.StringVar(&f.buildCacheBytes, "build-cache-size", "", "Dockerfile step cache kept per workspace, least recently used pruned past it, e.g. 20GiB (default 10GiB)")
 	fl.BoolVar(&f.debug, "debug", false, "log every request")
+	fl.StringVar(&f.e2bListen, "e2b-listen", "",
+		"also serve the E2B-compatible API here (control plane and envd): point the e2b SDKs' E2B_API_URL and E2B_SANDBOX_URL at http://<this address>")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "",
 		"also serve /metrics here without authentication, for a private scrape network (the API's /metrics needs an admin key)")
 	fl.StringVar(&f.serviceDomain, "service-domain", os.Getenv("CUBICLE_SERVICE_DOMAIN"),
 		"domain for host-form service URLs <name>--<port>.<domain> (wildcard DNS to this daemon); unset: path form only (env CUBICLE_SERVICE_DOMAIN)")
 	fl.StringVar(&f.signingKey, "signing-key", "", "hex key file signing service tokens and download links, created 0600 if missing (default <data-dir>/signing.key)")
+	fl.Int64Var(&f.poolDefault, "pool-default", -1, "pre-booted instances of the built-in snapshot \"default\" kept for creates to claim (a warm pool; 0 removes it; -1 keeps what the last start set)")
 	fl.DurationVar(&f.reapInterval, "reap-interval", envDuration("CUBICLE_REAP_INTERVAL", 10*time.Second),
 		"how often idle_ttl_seconds and delete_after_stop_seconds are enforced (env CUBICLE_REAP_INTERVAL)")
 	fl.DurationVar(&f.ttlGranularity, "ttl-granularity", envDuration("CUBICLE_TTL_GRANULARITY", time.Minute),
@@ -239,8 +263,9 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	faults := fault.FromEnv(log)
 	images, err := image.NewStore(filepath.Join(f.dataDir, "images"), image.WithInsecureRegistries(f.insecureRegistries),
-		image.WithLogger(log), image.WithLimits(limits), image.WithPullMeter(tel))
+		image.WithLogger(log), image.WithLimits(limits), image.WithPullMeter(tel), image.WithFaults(faults))
 	if err != nil {
 		return err
 	}
@@ -264,6 +289,9 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
+	if dh, ok := driver.(runtime.DockerHost); ok {
+		log.Info("Docker inside a sandbox on opt-in (docker: true)", "grants", dh.DockerInside())
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("locate own binary for the agent: %w", err)
@@ -271,6 +299,8 @@ func serve(ctx context.Context, f serveFlags) error {
 	if self, err = filepath.EvalSymlinks(self); err != nil {
 		return fmt.Errorf("locate own binary for the agent: %w", err)
 	}
+	agentBin := agentBinary(self)
+	log.Info("agent binary", "path", agentBin)
 	box, err := secrets.LoadOrCreate(filepath.Join(f.dataDir, "secrets.key"))
 	if err != nil {
 		return err
@@ -284,6 +314,21 @@ func serve(ctx context.Context, f serveFlags) error {
 		return fmt.Errorf("listen on %s: %w", f.listen, err)
 	}
 	defer ln.Close() // for an early return; Serve closes it too
+	// The other listeners are bound now too, before anything binds an
+	// ephemeral port (the egress proxy's DNS) that could take theirs.
+	var metricsLn, e2bLn net.Listener
+	if f.metricsListen != "" {
+		if metricsLn, err = net.Listen("tcp", f.metricsListen); err != nil {
+			return fmt.Errorf("listen on %s (--metrics-listen): %w", f.metricsListen, err)
+		}
+		defer metricsLn.Close()
+	}
+	if f.e2bListen != "" {
+		if e2bLn, err = net.Listen("tcp", f.e2bListen); err != nil {
+			return fmt.Errorf("listen on %s (--e2b-listen): %w", f.e2bListen, err)
+		}
+		defer e2bLn.Close()
+	}
 	public := f.publicURL
 	if public == "" {
 		public = "http://" + ln.Addr().String()
@@ -317,14 +362,36 @@ func serve(ctx context.Context, f serveFlags) error {
 	defer egress.Close()
 	flowsDone := watchFlows(ctx, netmgr, egress, log)
 	defer flowsDone()
+	// Data mounts close after the manager (pending write-back is
+	// uploaded; running sandboxes are restarted by the next daemon).
+	dataMounts, err := newDataMounts(f, vault, netmgr, log)
+	if err != nil {
+		return err
+	}
+	defer dataMounts.Close(context.WithoutCancel(ctx))
 	buildCache, err := parseSize("--build-cache-size", f.buildCacheBytes)
 	if err != nil {
 		return err
 	}
-	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: self, Logger: log,
-		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Observer: tel,
-		Faults:   fault.FromEnv(log),
-		Recorder: rec, BuildDir: filepath.Join(f.dataDir, "builds"), BuildCacheBytes: buildCache})
+	blueprints, err := blueprintBuilder(f, log)
+	if err != nil {
+		return err
+	}
+	memReserve, err := parseByteSize(f.memReserve)
+	if err != nil {
+		return fmt.Errorf("--mem-reserve: %w", err)
+	}
+	capacity := sandbox.HostCapacity{MaxBoots: f.maxBoots, BootQueue: f.bootQueue,
+		MemAvailable: sandbox.ReadMemAvailable, MemReserve: memReserve,
+		StoreUsable: func() (int64, error) {
+			sp, err := cow.Space()
+			return sp.Usable, err
+		}, StoreReserve: reserve}
+	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: agentBin, Logger: log,
+		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Mounts: dataMounts, Observer: tel,
+		Faults:   faults,
+		Recorder: rec, BuildDir: filepath.Join(f.dataDir, "builds"), BuildCacheBytes: buildCache,
+		OnDemandBuiltins: onDemandBuiltins(self, blueprints, images, log), Capacity: capacity})
 	if err != nil {
 		return err
 	}
@@ -340,7 +407,15 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
-	if err := ensureDefault(ctx, f, mgr, images, log); err != nil {
+	if err := ensureDefault(ctx, f, mgr, blueprints, images); err != nil {
+		return err
+	}
+	if f.poolDefault >= 0 {
+		if err := mgr.SetDefaultPool(ctx, f.poolDefault); err != nil {
+			return err
+		}
+	}
+	if err := mgr.StartPools(ctx); err != nil {
 		return err
 	}
 	tel.WatchSandboxes(mgr.Census)
@@ -365,11 +440,19 @@ func serve(ctx context.Context, f serveFlags) error {
 	ident.CutSessionsWith(mgr.CutPrincipals) // a revoked key's open streams end at once
 	checks := healthChecks(reserve, st, cow, driver, egress)
 	tel.WatchHealth(checks, cow.Space)
+	// The MCP door's tools call this same API back, in process, with the
+	// caller's key (internal/mcp.Loopback says why not over TCP).
+	loop := cubiclemcp.NewLoopback()
+	mcpDoor := cubiclemcp.NewHTTPHandler(func(key string) *cubicle.Client {
+		return cubicle.New(public, key, cubicle.WithHTTPClient(loop.Client()), cubicle.WithDoor(protocol.DoorMCP))
+	}, log.With("component", "mcp"))
 	handler := api.New(mgr, authn, images, public, log, api.WithGateway(gw), api.WithJWKS(idSigner), api.WithExecOutputLimit(f.execOutputLimit),
 		api.WithIdentity(ident), api.WithAccessLog(access), api.WithTelemetry(tel),
-		api.WithRateLimit(f.rateLimit), api.WithRecorder(rec), api.WithHealth(checks, cow.Space))
+		api.WithRateLimit(f.rateLimit), api.WithRecorder(rec), api.WithHealth(checks, cow.Space), api.WithMCP(mcpDoor))
 	handler.EnableRegistries(registries)
 	handler.EnableQuotas(mgr, accesslog.Quotas{Recorder: access})
+	handler.EnableVolumes(mgr)
+	handler.EnablePools(mgr)
 	handler.EnableEgress(vault, egress)
 	// No RLIMIT_NOFILE code here: the Go runtime already raises the soft
 	// limit to the hard one (less one) at start and restores the original
@@ -377,17 +460,18 @@ func serve(ctx context.Context, f serveFlags) error {
 	// checks it. The per-client cap is what bounds one caller's share.
 	srv := api.NewHTTPServer(handler, f.conns, log)
 	srv.RegisterOnShutdown(rec.EndFollowers) // live audit streams would hold Shutdown
+	srv.RegisterOnShutdown(mcpDoor.Close)    // so would MCP sessions' event streams
 	mgr.StartReaper(ctx)
 	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir,
 		"max_conns_per_client", f.conns.MaxConnsPerClient)
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(api.LimitListener(ln, f.conns.MaxConnsPerClient, log)) }()
-	if f.metricsListen != "" {
-		msrv, err := serveMetrics(f.metricsListen, tel, f.conns, log, errc)
-		if err != nil {
-			return err
-		}
-		defer msrv.Close()
+	go func() { _ = srv.Serve(loop) }() // ends with srv's Shutdown
+	if metricsLn != nil {
+		defer serveMetrics(metricsLn, tel, f.conns, log, errc).Close()
+	}
+	if e2bLn != nil {
+		defer serveE2B(e2bLn, f, public, loop.Client(), log, errc).Close()
 	}
 	select {
 	case err := <-errc:
@@ -404,18 +488,26 @@ func serve(ctx context.Context, f serveFlags) error {
 }
 
 // serveMetrics serves tel's metrics, unauthenticated, at GET /metrics on
-// addr (--metrics-listen); Serve's error goes to errc.
-func serveMetrics(addr string, tel *telemetry.Telemetry, conns api.ConnLimits, log *slog.Logger, errc chan<- error) (*http.Server, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s (--metrics-listen): %w", addr, err)
-	}
+// ln (--metrics-listen); Serve's error goes to errc.
+func serveMetrics(ln net.Listener, tel *telemetry.Telemetry, conns api.ConnLimits, log *slog.Logger, errc chan<- error) *http.Server {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", tel.MetricsHandler())
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: conns.HeaderTimeout, IdleTimeout: conns.IdleTimeout}
 	log.Info("serving metrics", "listen", ln.Addr().String())
 	go func() { errc <- srv.Serve(ln) }()
-	return srv, nil
+	return srv
+}
+
+// serveE2B serves the E2B door on ln (--e2b-listen). The door calls the
+// API at public with each caller's key, in process through loop (as the
+// MCP door does; internal/mcp.Loopback says why not over TCP).
+func serveE2B(ln net.Listener, f serveFlags, public string, loop *http.Client, log *slog.Logger, errc chan<- error) *http.Server {
+	door := e2b.New(e2b.Config{Endpoint: public, HTTPClient: loop, TTLGranularity: f.ttlGranularity, Logger: log})
+	// No write timeout: command and watch streams are long-lived.
+	srv := &http.Server{Handler: door, ReadHeaderTimeout: f.conns.HeaderTimeout, IdleTimeout: f.conns.IdleTimeout}
+	log.Info("serving the E2B API", "listen", ln.Addr().String())
+	go func() { errc <- srv.Serve(api.LimitListener(ln, f.conns.MaxConnsPerClient, log)) }()
+	return srv
 }
 
 func newDriver(f serveFlags) (runtime.Driver, error) {
@@ -454,25 +546,62 @@ func bootstrapKey(ctx context.Context, st store.Store, dataDir string) error {
 	return nil
 }
 
+// blueprintBuilder is the builder of every built-in blueprint (the
+// default computer, the on-demand docker one), its work dir emptied of
+// builds a crash interrupted.
+func blueprintBuilder(f serveFlags, log *slog.Logger) (*blueprint.Builder, error) {
+	work := filepath.Join(f.dataDir, "blueprint")
+	if err := os.RemoveAll(work); err != nil {
+		return nil, fmt.Errorf("clear blueprint work dir: %w", err)
+	}
+	cache := f.blueprintCache
+	if cache == "" {
+		cache = filepath.Join(f.dataDir, "cache", "blueprint")
+	}
+	return &blueprint.Builder{WorkDir: work, CacheDir: cache, Log: log}, nil
+}
+
+// onDemandBuiltins are the built-in snapshots made at their first use:
+// docker, and builder (see sandbox.BuilderSnapshot) when buildkitd and
+// buildctl ship next to the cubicle binary self (make build puts them in
+// bin/).
+func onDemandBuiltins(self string, blueprints *blueprint.Builder, images *image.Store, log *slog.Logger) map[string]sandbox.BuiltinSource {
+	out := map[string]sandbox.BuiltinSource{"docker": &blueprint.Source{Builder: blueprints, Recipe: blueprint.Docker(), Images: images}}
+	var bins [2]blueprint.Binary
+	for i, name := range []string{"buildkitd", "buildctl"} {
+		var err error
+		if bins[i], err = blueprint.NewBinary(filepath.Join(filepath.Dir(self), name)); err != nil {
+			log.Info("no builder snapshot for the official clients' createSnapshotFromDockerfile: BuildKit does not ship beside cubicle", "err", err)
+			return out
+		}
+	}
+	out[sandbox.BuilderSnapshot] = &blueprint.Source{Builder: blueprints, Recipe: blueprint.DockerfileBuilder(bins[0], bins[1]), Images: images}
+	return out
+}
+
 // ensureDefault makes sure the built-in snapshot "default" is ready or
 // being made, as --default-image says (see internal/blueprint).
-func ensureDefault(ctx context.Context, f serveFlags, mgr *sandbox.Manager, images *image.Store, log *slog.Logger) error {
+func ensureDefault(ctx context.Context, f serveFlags, mgr *sandbox.Manager, blueprints *blueprint.Builder, images *image.Store) error {
 	var src sandbox.BuiltinSource
 	switch f.defaultImage {
 	case "none":
 		return nil
 	case "":
-		work := filepath.Join(f.dataDir, "blueprint")
-		if err := os.RemoveAll(work); err != nil { // a build a crash interrupted
-			return fmt.Errorf("clear blueprint work dir: %w", err)
-		}
-		cache := f.blueprintCache
-		if cache == "" {
-			cache = filepath.Join(f.dataDir, "cache", "blueprint")
-		}
-		src = &blueprint.Source{Builder: &blueprint.Builder{WorkDir: work, CacheDir: cache, Log: log}, Recipe: blueprint.Default(), Images: images}
+		src = &blueprint.Source{Builder: blueprints, Recipe: blueprint.Default(), Images: images}
 	default:
 		src = &blueprint.Imported{Name: "default", Spec: f.defaultImage, Images: images}
 	}
 	return mgr.EnsureBuiltin(ctx, "default", src)
+}
+
+// agentBinary is the binary sandboxes run as PID 1, given the daemon's own
+// (self): cubicle-agent beside it, which starts sooner inside a sandbox
+// (see cmd/cubicle-agent), when it is there; else self, which has the
+// same roles.
+func agentBinary(self string) string {
+	small := filepath.Join(filepath.Dir(self), "cubicle-agent")
+	if st, err := os.Stat(small); err == nil && st.Mode().IsRegular() && st.Mode().Perm()&0o111 != 0 {
+		return small
+	}
+	return self
 }

@@ -29,7 +29,7 @@ func newSnapshotCmd() *cobra.Command {
 		Short:   "Build, list and remove snapshots (bootable root filesystems)",
 	}
 	cmd.AddCommand(newSnapshotCreateCmd(), newSnapshotBuildCmd(), newSnapshotLsCmd(), newSnapshotRmCmd(), newSnapshotCaptureCmd(),
-		newSnapshotWaitCmd(), newSnapshotPackagesCmd())
+		newSnapshotWaitCmd(), newSnapshotPackagesCmd(), newSnapshotPoolCmd())
 	return cmd
 }
 

@@ -86,3 +86,19 @@ func (e *PendingError) Error() string { return e.Msg }
 
 // Unwrap makes a PendingError an ErrNotReady.
 func (e *PendingError) Unwrap() error { return ErrNotReady }
+
+// CapacityError is a request the host cannot take now — every boot slot
+// and queue place is taken, or the host lacks the memory or store space
+// for it — though it may later; the API answers 503 HostAtCapacity with
+// Retry-After. It is an ErrUnavailable.
+type CapacityError struct {
+	Msg string
+	// RetryAfter is when trying again may succeed (rounded up to whole
+	// seconds on the wire, at least 1).
+	RetryAfter time.Duration
+}
+
+func (e *CapacityError) Error() string { return "host at capacity: " + e.Msg }
+
+// Unwrap makes a CapacityError an ErrUnavailable.
+func (e *CapacityError) Unwrap() error { return ErrUnavailable }

@@ -14,15 +14,24 @@ import (
 // EnvVar names the point to crash at.
 const EnvVar = "CUBICLE_FAULT_POINT"
 
-// Points the sandbox manager passes, in lifecycle order. Each sits between
-// two effects a crash must not leave inconsistent.
+// Points, in lifecycle order. Each sits between two effects a crash must
+// not leave inconsistent (a database write and the host state it
+// describes, or two host effects).
 const (
-	CreateRecorded = "create.recorded"  // record written (provisioning), nothing built
-	BootPrepared   = "boot.prepared"    // instance up (rootfs, netns, runtime, agent), record not yet ready
-	StopHalted     = "stop.halted"      // instance gone, record still ready
-	CaptureLayered = "capture.layered"  // layer captured (sandbox thawed), snapshot record not written
-	DeleteTornDown = "delete.torn-down" // instance and data gone, record still deleting
-	ForkRecorded   = "fork.recorded"    // branch records written, none booted
+	CreateRecorded      = "create.recorded"      // record written (provisioning), nothing built
+	BootPrepared        = "boot.prepared"        // first boot: instance up (rootfs, netns, runtime, agent), record not yet ready
+	StartRecorded       = "start.recorded"       // restart: new agent token written, nothing booted, record stopped
+	StartPrepared       = "start.prepared"       // restart: instance up, record still stopped
+	StopHalted          = "stop.halted"          // instance gone, record still ready
+	ResetCleared        = "reset.cleared"        // reset: instance gone and upper emptied, record stopped, not booted
+	CaptureFrozen       = "capture.frozen"       // sandbox frozen for a filesystem capture, layer not taken
+	CaptureCheckpointed = "capture.checkpointed" // memory capture: image saved, sandbox paused, layer not taken
+	CaptureLayered      = "capture.layered"      // layer captured (sandbox thawed), snapshot record not written
+	ForkCaptured        = "fork.captured"        // fork's snapshot recorded, no branch record written
+	ForkRecorded        = "fork.recorded"        // branch records written, none booted
+	DeleteTornDown      = "delete.torn-down"     // instance and data gone, record still deleting
+	ImageUnpacked       = "image.unpacked"       // a pulled layer unpacked in staging, not published; snapshot building
+	BuildStepCaptured   = "build.step-captured"  // a Dockerfile RUN step's layer captured, its build sandbox up, cache entry not written
 )
 
 // Injector crashes the process at its point. A nil *Injector is valid

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -371,6 +372,7 @@ func (s *Store) ensureLayer(ctx context.Context, j layerJob) (int64, error) {
 	if got := "sha256:" + hex.EncodeToString(h.Sum(nil)); got != j.diffID {
 		return 0, fmt.Errorf("content is %s, want diff_id %s: %w", got, j.diffID, errdefs.ErrInvalid)
 	}
+	s.faults.Hit(fault.ImageUnpacked)
 	if err := s.writeJSON(dir+".json", layerMeta{Size: ur.n}); err != nil {
 		return 0, fmt.Errorf("write layer meta: %w", err)
 	}

@@ -45,6 +45,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/keyed"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -129,6 +130,11 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
+// WithFaults arms the store's crash points (internal/fault); nil arms none.
+func WithFaults(f *fault.Injector) Option {
+	return func(s *Store) { s.faults = f }
+}
+
 // PullMeter counts registry pulls for metrics (internal/telemetry).
 type PullMeter interface {
 	// ImagePull counts one pull that transferred bytes of layer data and
@@ -157,6 +163,7 @@ type Store struct {
 	log      *slog.Logger
 	meter    PullMeter
 	insecure map[string]bool
+	faults   *fault.Injector
 
 	limits Limits
 

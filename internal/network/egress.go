@@ -2,7 +2,6 @@ package network
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -108,9 +107,10 @@ func (m *Manager) SetEgress(id string, p EgressPolicy) error {
 		return fmt.Errorf("network: egress %s: %w", id, err)
 	}
 	// Clear what a previous policy left (elements whose values may differ),
-	// then install the new one. Each delete is its own batch: a missing
-	// element must not abort the rest.
-	clearEgressElems(ep)
+	// then install the new one.
+	if err := clearEgressElemsOf(ep); err != nil {
+		return fmt.Errorf("network: egress %s: %w", id, err)
+	}
 	if err := installEgress(ep, p); err != nil {
 		return fmt.Errorf("network: egress %s: %w", id, err)
 	}
@@ -294,68 +294,79 @@ func installEgress(ep *Endpoint, p EgressPolicy) error {
 	return nil
 }
 
-// clearEgressElems removes ep's map and set elements, best effort: each in
-// its own batch, since a missing element fails its batch.
-func clearEgressElems(ep *Endpoint) {
+// queueClearElems queues on conn the deletion of ep's map and set
+// elements, whatever port an earlier daemon used, and reports whether it
+// queued any. It reads them first so that the batch deletes only what
+// exists: a missing element would fail the whole batch. Callers hold the
+// endpoint's lock, so nothing else changes them in between.
+func queueClearElems(conn *nftables.Conn, ep *Endpoint) (bool, error) {
 	if !ep.SandboxIP.Is4() {
-		return // no record: there can be no elements keyed by its address
+		return false, nil // no record: there can be no elements keyed by its address
 	}
-	conn, err := nftables.New()
-	if err != nil {
-		return
-	}
-	t := inetTable()
-	sets := egressSets(t)
 	ip := ep.SandboxIP.As4()
-	for _, s := range sets[:3] {
-		if err := conn.SetDeleteElements(s, []nftables.SetElement{{Key: ip[:]}}); err == nil {
-			_ = conn.Flush()
-		}
-	}
-	// The address . port sets: drop every element of this address
-	// whatever port an earlier daemon used.
-	for _, s := range sets[3:] {
+	queued := false
+	for _, s := range egressSets(inetTable()) {
 		elems, err := conn.GetSetElements(s)
 		if err != nil {
-			continue
+			continue // no table yet, or no such set: nothing to delete
 		}
+		var mine []nftables.SetElement
 		for _, e := range elems {
 			if len(e.Key) >= 4 && [4]byte(e.Key[:4]) == ip {
-				if err := conn.SetDeleteElements(s, []nftables.SetElement{{Key: e.Key}}); err == nil {
-					_ = conn.Flush()
-				}
+				mine = append(mine, nftables.SetElement{Key: e.Key})
 			}
 		}
+		if len(mine) > 0 {
+			if err := conn.SetDeleteElements(s, mine); err != nil {
+				return false, fmt.Errorf("delete %s's elements of %s: %w", ep.SandboxIP, s.Name, err)
+			}
+			queued = true
+		}
 	}
+	return queued, nil
 }
 
-// clearEgress removes everything SetEgress made for ep. Missing pieces are
-// fine; Teardown calls it.
-func clearEgress(ep *Endpoint) error {
-	clearEgressElems(ep)
+// clearEgressElemsOf deletes ep's map and set elements in one transaction.
+func clearEgressElemsOf(ep *Endpoint) error {
 	conn, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	if queued, err := queueClearElems(conn, ep); err != nil || !queued {
+		return err
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("delete egress elements of %s: %w", ep.HostIf, err)
+	}
+	return nil
+}
+
+// clearEgress removes everything SetEgress made for ep, in one
+// transaction: each commit waits out an RCU grace period, and a stop pays
+// for every one. Missing pieces are fine; Teardown calls it.
+func clearEgress(ep *Endpoint) error {
+	conn, err := nftables.New()
+	if err != nil {
+		return err
+	}
+	queued, err := queueClearElems(conn, ep)
 	if err != nil {
 		return err
 	}
 	t := inetTable()
 	name := egressChain(ep.HostIf)
-	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
-	if err != nil {
-		return err
+	if _, err := conn.ListChain(t, name); err == nil {
+		c := &nftables.Chain{Table: t, Name: name}
+		conn.FlushChain(c)
+		conn.DelChain(c)
+		conn.DelSet(&nftables.Set{Table: t, Name: name})
+		queued = true
 	}
-	found := false
-	for _, c := range chains {
-		found = found || c.Table.Name == TableName && c.Name == name
-	}
-	if !found {
+	if !queued {
 		return nil
 	}
-	c := &nftables.Chain{Table: t, Name: name}
-	conn.FlushChain(c)
-	conn.DelChain(c)
-	conn.DelSet(&nftables.Set{Table: t, Name: name})
-	if err := conn.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("delete egress chain %s: %w", name, err)
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("delete egress of %s: %w", ep.HostIf, err)
 	}
 	return nil
 }

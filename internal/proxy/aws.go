@@ -15,6 +15,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
+
+	"github.com/cubicle-dev/cubicle/internal/awssts"
 )
 
 // AWS rules (spec §4.4, type "aws"): for requests to the rule's hosts the
@@ -36,7 +38,7 @@ const emptySHA256 = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b785
 // opaque, or the name of a workspace secret) resolved per request. With
 // RoleARN set there are no keys: the proxy assumes the role through STS
 // with the workspace's base credentials (the workspace secrets
-// BaseAccessKeySecret and BaseSecretKeySecret) and signs with the
+// awssts.BaseAccessKeySecret and BaseSecretKeySecret) and signs with the
 // temporary ones. Region and Service, when set, override what is derived
 // from the host.
 type AWSCredentials struct {
@@ -47,13 +49,6 @@ type AWSCredentials struct {
 	Region, Service string
 }
 
-// The workspace secrets holding the base credentials role_arn rules assume
-// their roles with.
-const (
-	BaseAccessKeySecret = "AWS_ACCESS_KEY_ID"
-	BaseSecretKeySecret = "AWS_SECRET_ACCESS_KEY"
-)
-
 type wireAWS struct {
 	RoleARN         string            `json:"role_arn"`
 	SessionTags     map[string]string `json:"session_tags"`
@@ -63,9 +58,6 @@ type wireAWS struct {
 	Region  string `json:"region"`
 	Service string `json:"service"`
 }
-
-// roleARNRE matches an IAM role ARN in any partition.
-var roleARNRE = regexp.MustCompile(`^arn:aws(-[a-z]+)*:iam::[0-9]{12}:role/[\w+=,.@/-]{1,512}$`)
 
 func parseAWS(w *wireAWS) (*AWSCredentials, error) {
 	if w == nil {
@@ -78,16 +70,11 @@ func parseAWS(w *wireAWS) (*AWSCredentials, error) {
 		if len(w.AccessKeyID) != 0 || len(w.SecretAccessKey) != 0 {
 			return nil, fmt.Errorf("aws: role_arn excludes access_key_id and secret_access_key")
 		}
-		if !roleARNRE.MatchString(w.RoleARN) {
-			return nil, fmt.Errorf("aws.role_arn: %q is not an IAM role ARN", w.RoleARN)
+		if err := awssts.CheckARN(w.RoleARN); err != nil {
+			return nil, fmt.Errorf("aws.role_arn: %v", err)
 		}
-		if len(w.SessionTags) > 50 {
-			return nil, fmt.Errorf("aws.session_tags: at most 50 tags")
-		}
-		for k, v := range w.SessionTags {
-			if k == "" || len(k) > 128 || len(v) > 256 {
-				return nil, fmt.Errorf("aws.session_tags: tag %q: keys are 1-128 and values 0-256 characters", k)
-			}
+		if err := awssts.CheckTags(w.SessionTags); err != nil {
+			return nil, fmt.Errorf("aws.session_tags: %v", err)
 		}
 		return &AWSCredentials{RoleARN: w.RoleARN, SessionTags: w.SessionTags, Region: w.Region, Service: w.Service}, nil
 	}
@@ -205,8 +192,6 @@ type awsSigner struct {
 	service, region string
 }
 
-var sigv4 = v4.NewSigner()
-
 // strippedAWSHeaders are what a sandbox's own (dummy) signing left on a
 // request; they are removed before signing.
 var strippedAWSHeaders = []string{"Authorization", "X-Amz-Date", "X-Amz-Security-Token", "X-Amz-Content-Sha256"}
@@ -296,7 +281,9 @@ func signAWS(ctx context.Context, r *http.Request, creds aws.Credentials, servic
 			delete(r.Header, k)
 		}
 	}
-	err := sigv4.SignHTTP(ctx, creds, r, payload, service, region, t, func(o *v4.SignerOptions) {
+	// A signer per request: a signer caches derived keys by access key id
+	// alone, so a shared one would go on signing with a replaced secret.
+	err := v4.NewSigner().SignHTTP(ctx, creds, r, payload, service, region, t, func(o *v4.SignerOptions) {
 		// S3 paths are signed as sent (no second escaping).
 		o.DisableURIPathEscaping = s3
 	})

@@ -22,7 +22,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aws/aws-sdk-go-v2/aws"
+
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/awssts/ststest"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/jwtkeys"
 	"github.com/cubicle-dev/cubicle/internal/jwtkeys/jwtkeystest"
@@ -65,25 +68,9 @@ func sandboxRequest(method, u string) *http.Request {
 // obtained with the workspace's base keys, and STS is asked once while
 // they are valid.
 func TestAssumeRole(t *testing.T) {
-	var calls atomic.Int32
-	sts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.Add(1)
-		r.ParseForm()
-		if !strings.Contains(r.Header.Get("Authorization"), "Credential=BASEAK/") || !strings.Contains(r.Header.Get("Authorization"), "/us-east-1/sts/aws4_request") {
-			http.Error(w, "<ErrorResponse><Error><Code>InvalidClientTokenId</Code><Message>bad</Message></Error></ErrorResponse>", http.StatusForbidden)
-			return
-		}
-		f := r.PostForm
-		if f.Get("Action") != "AssumeRole" || f.Get("RoleArn") != "arn:aws:iam::123456789012:role/app" || f.Get("ExternalId") != "ws-1" ||
-			f.Get("RoleSessionName") != "cubicle-sb-1" || f.Get("Tags.member.1.Key") != "team" || f.Get("Tags.member.1.Value") != "blue" {
-			http.Error(w, "bad form "+f.Encode(), http.StatusBadRequest)
-			return
-		}
-		fmt.Fprintf(w, `<AssumeRoleResponse><AssumeRoleResult><Credentials><AccessKeyId>ASIATEMP</AccessKeyId><SecretAccessKey>tempsecret</SecretAccessKey><SessionToken>sess-tok</SessionToken><Expiration>%s</Expiration></Credentials></AssumeRoleResult></AssumeRoleResponse>`,
-			time.Now().Add(time.Hour).UTC().Format(time.RFC3339))
-	}))
-	defer sts.Close()
-	s, sb := credTest(t, sts, fakeSecrets{"ws-1/AWS_ACCESS_KEY_ID": "BASEAK", "ws-1/AWS_SECRET_ACCESS_KEY": "basesecret"}, Config{STSEndpoint: sts.URL})
+	sts := ststest.StartTLS(t, aws.Credentials{AccessKeyID: "BASEAK", SecretAccessKey: "basesecret"},
+		aws.Credentials{AccessKeyID: "ASIATEMP", SecretAccessKey: "tempsecret", SessionToken: "sess-tok"}, time.Hour)
+	s, sb := credTest(t, sts.Server, fakeSecrets{"ws-1/AWS_ACCESS_KEY_ID": "BASEAK", "ws-1/AWS_SECRET_ACCESS_KEY": "basesecret"}, Config{STSEndpoint: sts.URL})
 	pol := mustParse(t, `{"rules":[{"name":"role","type":"aws","aws":{"role_arn":"arn:aws:iam::123456789012:role/app","session_tags":{"team":"blue"}}}]}`)
 	for range 2 {
 		_, signer, applied, err := s.credentials(sandboxRequest("GET", "https://sqs.us-west-2.amazonaws.com/"), sb, pol, "sqs.us-west-2.amazonaws.com", 443)
@@ -94,11 +81,16 @@ func TestAssumeRole(t *testing.T) {
 			t.Fatalf("signer %+v applied %v", signer, applied)
 		}
 	}
-	if n := calls.Load(); n != 1 {
-		t.Errorf("STS called %d times, want 1 (cached)", n)
+	calls := sts.Calls()
+	if len(calls) != 1 {
+		t.Fatalf("STS called %d times, want 1 (cached)", len(calls))
+	}
+	if f := calls[0]; f.Get("RoleArn") != "arn:aws:iam::123456789012:role/app" || f.Get("ExternalId") != "ws-1" ||
+		f.Get("RoleSessionName") != "cubicle-sb-1" || f.Get("Tags.member.1.Key") != "team" || f.Get("Tags.member.1.Value") != "blue" {
+		t.Fatalf("AssumeRole form = %v", f)
 	}
 	// Without base credentials the rule fails and names them.
-	s2, sb2 := credTest(t, sts, fakeSecrets{}, Config{STSEndpoint: sts.URL})
+	s2, sb2 := credTest(t, sts.Server, fakeSecrets{}, Config{STSEndpoint: sts.URL})
 	if _, _, _, err := s2.credentials(sandboxRequest("GET", "https://sqs.us-west-2.amazonaws.com/"), sb2, pol, "sqs.us-west-2.amazonaws.com", 443); err == nil || !strings.Contains(err.Error(), "base credentials") {
 		t.Fatalf("no base credentials: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/cubicle-dev/cubicle/internal/awssts"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
@@ -207,8 +208,8 @@ func (p *Policy) SecretNames() []string {
 			add(a.SecretAccessKey)
 		}
 		if r.AWS != nil && r.AWS.RoleARN != "" {
-			add(Header{Type: "workspace_secret", Value: BaseAccessKeySecret})
-			add(Header{Type: "workspace_secret", Value: BaseSecretKeySecret})
+			add(Header{Type: "workspace_secret", Value: awssts.BaseAccessKeySecret})
+			add(Header{Type: "workspace_secret", Value: awssts.BaseSecretKeySecret})
 		}
 		if r.GCP != nil {
 			add(r.GCP.ServiceAccountJSON)

@@ -35,8 +35,11 @@ type CommandStart struct {
 	// TimeoutSeconds is the command's timeout (0: the agent's default).
 	TimeoutSeconds int64
 	PTY            bool
-	// Via is the dataplane route: "ws" or "http".
+	// Via is the dataplane route: "ws", "http" or "sse".
 	Via string
+	// Door is the protocol the caller came through: "langsmith", "mcp"
+	// or "e2b" (see api.DoorHeader).
+	Door string
 }
 
 // EnvKeys returns env's names, sorted.
@@ -84,6 +87,7 @@ type startedData struct {
 	TimeoutSeconds int64    `json:"timeout_seconds,omitempty"`
 	PTY            bool     `json:"pty,omitempty"`
 	Via            string   `json:"via"`
+	Door           string   `json:"door,omitempty"`
 }
 
 // StartCommand records command.started and opens the command's step,
@@ -93,7 +97,7 @@ func (r *Recorder) StartCommand(ctx context.Context, s CommandStart) *Command {
 		stdout: newCapture(r.opt.OutputCap), stderr: newCapture(r.opt.OutputCap)}
 	c.step = r.record(ctx, Event{SandboxID: s.SandboxID, WorkspaceID: s.WorkspaceID, Kind: protocol.KindCommand,
 		Type: protocol.EventCommandStarted, Data: startedData{CommandID: s.CommandID, Command: s.Command, Shell: s.Shell,
-			User: s.User, Cwd: s.Cwd, EnvKeys: s.EnvKeys, TimeoutSeconds: s.TimeoutSeconds, PTY: s.PTY, Via: s.Via}})
+			User: s.User, Cwd: s.Cwd, EnvKeys: s.EnvKeys, TimeoutSeconds: s.TimeoutSeconds, PTY: s.PTY, Via: s.Via, Door: s.Door}})
 	r.runStart(c)
 	r.mu.Lock()
 	var evict *Command

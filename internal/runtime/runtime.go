@@ -14,7 +14,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"regexp"
+	"strings"
 )
 
 // AgentMountPath is where the cubicle binary appears, read-only, inside every
@@ -102,6 +104,80 @@ type Spec struct {
 	NetNS string
 	// Limits are enforced by the driver.
 	Limits Limits
+	// Mounts are host directories bound into the sandbox (volumes, data
+	// mounts the daemon serves), in order; see ValidateMounts.
+	Mounts []Mount
+	// Docker runs the sandbox with what a container engine (dockerd,
+	// containerd, runc) needs inside it. Only drivers implementing
+	// DockerHost accept it; the others refuse it with ErrInvalid.
+	Docker bool
+}
+
+// Mount binds host directory Source at Target inside the sandbox. Files
+// keep their host owners as the root filesystem's upper dir does (host
+// uid 0 is root inside), and the mount is nosuid and nodev. Source is
+// always a directory the daemon made; never a path a tenant named.
+type Mount struct {
+	Source   string
+	Target   string
+	ReadOnly bool
+}
+
+// reservedTargets are paths a Mount may not cover or sit under: the
+// kernel interfaces and the agent, which the driver mounts itself.
+var reservedTargets = [...]string{"/proc", "/sys", "/dev", path.Dir(AgentMountPath)}
+
+// ValidateMounts checks that every target is an absolute, clean path other
+// than "/" outside the reserved trees, that no two targets are the same,
+// and that every source is an existing directory.
+func ValidateMounts(ms []Mount) error {
+	seen := map[string]bool{}
+	for _, m := range ms {
+		t := m.Target
+		if err := ValidateTarget(t); err != nil {
+			return fmt.Errorf("mount target %q: %w", t, err)
+		}
+		if seen[t] {
+			return fmt.Errorf("mount target %q: given twice", t)
+		}
+		seen[t] = true
+		if fi, err := os.Stat(m.Source); err != nil {
+			return fmt.Errorf("mount source for %s: %w", t, err)
+		} else if !fi.IsDir() {
+			return fmt.Errorf("mount source for %s: %s is not a directory", t, m.Source)
+		}
+	}
+	return nil
+}
+
+// TargetsOverlap reports whether mount targets a and b are the same path
+// or one is under the other (one bind would shadow the other).
+func TargetsOverlap(a, b string) bool {
+	return a == b || strings.HasPrefix(a, b+"/") || strings.HasPrefix(b, a+"/")
+}
+
+// ValidateTarget checks one mount target: an absolute, clean path other
+// than "/" outside the reserved trees (callers check targets this way
+// before any sandbox starts, to name the field at fault).
+func ValidateTarget(t string) error {
+	if !path.IsAbs(t) || path.Clean(t) != t || t == "/" {
+		return errors.New("must be an absolute clean path other than /")
+	}
+	for _, r := range reservedTargets {
+		if t == r || strings.HasPrefix(t, r+"/") {
+			return fmt.Errorf("%s is the runtime's own", r)
+		}
+	}
+	return nil
+}
+
+// DockerHost is implemented by drivers that can run Docker inside a
+// sandbox (Spec.Docker) without widening what the host kernel exposes to
+// it. The manager refuses the opt-in on drivers without it.
+type DockerHost interface {
+	// DockerInside returns what the opt-in adds to the sandbox, which the
+	// daemon logs at start so an operator sees what it grants.
+	DockerInside() string
 }
 
 // Driver runs sandboxes. Implementations must be safe for concurrent use on
@@ -162,6 +238,11 @@ type Checkpointer interface {
 	// leaves it, so the caller can capture the filesystem at the same
 	// instant; the caller must then call Pauser.Resume, also on error.
 	Checkpoint(ctx context.Context, id, dir string) error
+	// Suspend is Checkpoint for a sandbox about to stop: the save ends the
+	// sandbox instead of leaving it paused (no pause before it, no kill of
+	// its processes after), which is what a memory-preserving stop costs.
+	// The caller then calls Stop, also on error.
+	Suspend(ctx context.Context, id, dir string) error
 	// Restore is Start, except that the sandbox resumes from the image in
 	// dir (written by Checkpoint) instead of booting: PID 1 is not started
 	// again. spec.RootFS must show the same files the source's rootfs

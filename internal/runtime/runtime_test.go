@@ -1,6 +1,10 @@
 package runtime
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
 
 func TestLimitsDerived(t *testing.T) {
 	for _, c := range []struct {
@@ -19,6 +23,33 @@ func TestLimitsDerived(t *testing.T) {
 		}
 		if got := c.l.TmpfsBytes(); got != c.tmpfs {
 			t.Errorf("%+v.TmpfsBytes() = %d, want %d", c.l, got, c.tmpfs)
+		}
+	}
+}
+
+func TestValidateMounts(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "f")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ok := []Mount{{Source: dir, Target: "/data"}, {Source: dir, Target: "/home/user/cache", ReadOnly: true}}
+	if err := ValidateMounts(ok); err != nil {
+		t.Fatalf("valid mounts: %v", err)
+	}
+	for _, bad := range [][]Mount{
+		{{Source: dir, Target: "data"}},
+		{{Source: dir, Target: "/"}},
+		{{Source: dir, Target: "/data/../etc"}},
+		{{Source: dir, Target: "/proc"}},
+		{{Source: dir, Target: "/dev/shm"}},
+		{{Source: dir, Target: "/.cubicle/x"}},
+		{{Source: dir, Target: "/d"}, {Source: dir, Target: "/d"}},
+		{{Source: file, Target: "/d"}},
+		{{Source: filepath.Join(dir, "missing"), Target: "/d"}},
+	} {
+		if err := ValidateMounts(bad); err == nil {
+			t.Errorf("%+v: no error", bad)
 		}
 	}
 }

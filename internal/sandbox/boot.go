@@ -20,11 +20,12 @@ import (
 // identity; bind ties a prepared instance to its record — limits back to
 // fs_capacity_bytes, the ready transition, the agent handed out, the
 // watcher and the idle clock. The identity (hostname from the name, agent
-// token, resource limits, egress policy) is derived from the record in
-// one place, identityOf. A warm pool or a memory-restored branch prepares
-// instances ahead and binds them to records later; the identity the
-// runtime cannot yet change after start (hostname, limits) is what such a
-// pool must still settle at bind.
+// token, resource limits, egress policy, the volumes bound in) is derived
+// from the record in one place, identityOf. A warm pool or a
+// memory-restored branch prepares instances ahead and binds them to
+// records later; the identity the runtime cannot yet change after start
+// (hostname, limits, mounts) is what such a pool must still settle at
+// bind.
 
 // BootError marks a boot failure caused by the sandbox's configuration or
 // image (reported as a creation error), as opposed to an internal fault.
@@ -41,13 +42,17 @@ type identity struct {
 	token         string // this instance's fresh agent token
 	limits        runtime.Limits
 	proxyConfig   []byte
+	mounts        []runtime.Mount // host directories bound in (volumes)
+	docker        bool            // runtime.Spec.Docker: fixed at start, like limits
+	mountConfig   []byte
 }
 
 // identityOf derives sb's identity for an instance with agent token token.
 func (m *Manager) identityOf(sb *store.Sandbox, token string) identity {
 	return identity{
-		id: sb.ID, workspace: sb.WorkspaceID, name: sb.Name, hostname: hostname(sb), token: token, proxyConfig: sb.ProxyConfig,
+		id: sb.ID, workspace: sb.WorkspaceID, name: sb.Name, hostname: hostname(sb), token: token, proxyConfig: sb.ProxyConfig, docker: sb.Docker, mountConfig: sb.MountConfig,
 		limits: runtime.Limits{MilliCPUs: sb.MilliCPUs(), MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
+		mounts: m.volumeMounts(sb),
 	}
 }
 
@@ -84,6 +89,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		if cerr := undo.Run(ctx); cerr != nil {
 			m.log.Error("clean up failed boot", "sandbox", sb.ID, "err", cerr)
 		}
+		m.dropClaim(ctx, sb.ID)
 		to, msg := Failed, err.Error()
 		if !first {
 			to, msg = Stopped, "start failed: "+msg
@@ -98,7 +104,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	if err != nil {
 		return err
 	}
-	if first {
+	if first && !m.reservedPool(sb.ID) {
 		if err := m.seedIdentity(ctx, runtimeID(sb.ID), sn); err != nil {
 			return err
 		}
@@ -111,10 +117,19 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		return err
 	}
 	sb.Token = token
-	// The boot's own writes (overlay's work dir, the CA bundle) get a
+	prepared := fault.BootPrepared
+	if !first {
+		m.cfg.Faults.Hit(fault.StartRecorded)
+		prepared = fault.StartPrepared
+	}
+	// A warm-pool instance claimed for sb takes its identity (pool.go);
+	// else the boot's own writes (overlay's work dir, the CA bundle) get a
 	// reserve above fs_capacity_bytes, so a sandbox that filled its
 	// capacity still boots; bind drops the limit back.
-	inst, err := m.prepare(ctx, &undo, sn, first, mem.dir, m.identityOf(sb, token), sb.FSCapacityBytes+bootReserveBytes)
+	inst := m.claimPooled(ctx, &undo, sb, sn, token)
+	if inst == nil {
+		inst, err = m.prepare(ctx, &undo, sn, first, mem.dir, m.identityOf(sb, token), sb.FSCapacityBytes+bootReserveBytes)
+	}
 	if err != nil && mem.fallback {
 		m.log.Warn("memory restore failed; booting cold", "sandbox", sb.ID, "err", err)
 		if cerr := undo.Run(ctx); cerr != nil {
@@ -122,13 +137,13 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		}
 		rerr := err
 		if inst, err = m.prepare(ctx, &undo, sn, first, "", m.identityOf(sb, token), sb.FSCapacityBytes+bootReserveBytes); err == nil {
-			inst.note = "memory not restored (" + rerr.Error() + "); booted from its files"
+			inst.note = joinNote("memory not restored ("+rerr.Error()+"); booted from its files", inst.note)
 		}
 	}
 	if err != nil {
 		return err
 	}
-	m.cfg.Faults.Hit(fault.BootPrepared)
+	m.cfg.Faults.Hit(prepared)
 	if !inst.restored {
 		if err := m.runStart(ctx, sb, sn, inst.client); err != nil {
 			return &BootError{Err: err}
@@ -148,42 +163,60 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 }
 
 // prepare brings up an instance of snapshot sn for identity id: rootfs
-// (limited to fsLimit while booting), netns, egress, runtime, agent. Every
+// (limited to fsLimit while booting), netns, egress, runtime, agent, in
+// one of the host's boot slots (it waits for one until ctx ends). Every
 // step pushes its undo on undo. With mem (a memory image's dir, see
 // bootMemory) the runtime restores the image instead of starting afresh.
 func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Snapshot, first bool, mem string, id identity, fsLimit int64) (*instance, error) {
 	rid := runtimeID(id.id)
+	tQueue := time.Now()
+	release, err := m.gate.slot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	t0 := time.Now()
 	restore := mem != ""
-	if _, err := m.cfg.Storage.Prepare(ctx, rid); err != nil {
-		return nil, err
+	// The netns is made while the rootfs is mounted: neither needs the
+	// other.
+	type netUp struct {
+		ep  *network.Endpoint
+		err error
+		at  time.Time
 	}
-	m.limitFS(ctx, id.id, fsLimit)
-	rootfs, err := m.cfg.Storage.Mount(ctx, rid, sn.Layers)
-	if err != nil {
-		return nil, err
-	}
-	undo.Push(func(ctx context.Context) error {
-		if first {
-			return m.cfg.Storage.Remove(ctx, rid)
-		}
-		return m.cfg.Storage.Unmount(ctx, rid)
-	})
+	netc := make(chan netUp, 1)
+	go func() {
+		ep, err := m.cfg.Network.Setup(ctx, rid)
+		netc <- netUp{ep, err, time.Now()}
+	}()
+	rootfs, err := m.mountRootFS(ctx, undo, sn, first, rid, id.id, fsLimit)
 	tMount := time.Now()
-	ep, err := m.cfg.Network.Setup(ctx, rid)
-	if err != nil {
-		return nil, fmt.Errorf("set up network: %w", err)
+	up := <-netc
+	if up.err == nil {
+		undo.Push(func(ctx context.Context) error { return m.cfg.Network.Teardown(ctx, rid) })
 	}
-	undo.Push(func(ctx context.Context) error { return m.cfg.Network.Teardown(ctx, rid) })
-	tNetwork := time.Now()
+	if err != nil {
+		return nil, err
+	}
+	if up.err != nil {
+		return nil, fmt.Errorf("set up network: %w", up.err)
+	}
+	ep, tNetwork := up.ep, up.at
 	egressEnv, err := m.egressUp(ctx, id, rootfs, ep)
 	if err != nil {
 		return nil, err
 	}
 	undo.Push(func(ctx context.Context) error { m.egressDown(ctx, id.id); return nil })
+	binds, err := m.dataMounts(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if binds != nil {
+		undo.Push(func(ctx context.Context) error { return m.cfg.Mounts.Down(ctx, id.id) })
+	}
 	spec := runtime.Spec{
 		ID: rid, RootFS: rootfs, AgentBinary: m.cfg.AgentBinary,
-		Env: egressEnv, Token: id.token, Hostname: id.hostname, NetNS: ep.NetNS, Limits: id.limits,
+		Env: egressEnv, Token: id.token, Hostname: id.hostname, NetNS: ep.NetNS, Limits: id.limits, Mounts: append(append([]runtime.Mount(nil), id.mounts...), binds...), Docker: id.docker,
 	}
 	tEgress := time.Now()
 	if restore {
@@ -201,9 +234,37 @@ func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Sn
 	}
 	undo.Push(func(context.Context) error { client.Close(); return nil })
 	tAgent := time.Now()
-	return &instance{rootfs: rootfs, ep: ep, client: client, restored: restore, phases: []phase{
-		{PhaseRootFS, t0, tMount}, {PhaseNetwork, tMount, tNetwork}, {PhaseEgress, tNetwork, tEgress},
+	return &instance{rootfs: rootfs, ep: ep, client: client, restored: restore, note: m.mountsHealth(id.id), phases: []phase{
+		{PhaseQueue, tQueue, t0}, {PhaseRootFS, t0, tMount}, {PhaseNetwork, t0, tNetwork}, {PhaseEgress, maxTime(tMount, tNetwork), tEgress},
 		{PhaseDriver, tEgress, tDriver}, {PhaseAgent, tDriver, tAgent}}}, nil
+}
+
+// mountRootFS prepares and mounts sandbox rid's rootfs from sn's layers,
+// limited to fsLimit, and pushes its undo (removed on a first boot, else
+// unmounted).
+func (m *Manager) mountRootFS(ctx context.Context, undo *cleanup.Stack, sn *store.Snapshot, first bool, rid, id string, fsLimit int64) (string, error) {
+	if _, err := m.cfg.Storage.Prepare(ctx, rid); err != nil {
+		return "", err
+	}
+	m.limitFS(ctx, id, fsLimit)
+	rootfs, err := m.cfg.Storage.Mount(ctx, rid, sn.Layers)
+	if err != nil {
+		return "", err
+	}
+	undo.Push(func(ctx context.Context) error {
+		if first {
+			return m.cfg.Storage.Remove(ctx, rid)
+		}
+		return m.cfg.Storage.Unmount(ctx, rid)
+	})
+	return rootfs, nil
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // bind hands prepared instance inst out as sb's: its filesystem limit
@@ -215,6 +276,7 @@ func (m *Manager) bind(ctx context.Context, sb *store.Sandbox, inst *instance) e
 		return err
 	}
 	m.setAgent(sb.ID, inst.client)
+	m.setMounted(sb.ID, sb.Volumes)
 	m.watch(ctx, sb.ID, inst.client)
 	m.touch(sb.ID)
 	return nil

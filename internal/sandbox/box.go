@@ -28,6 +28,7 @@ type box struct {
 	agent   *agent.Client // the running instance's agent, nil when none
 	gone    chan struct{} // closed when that instance goes; nil when none
 	act     activity      // idle-TTL bookkeeping (reaper.go)
+	volumes []string      // ids of the volumes the running instance mounts (volumes.go)
 }
 
 // boxLocked returns id's box, creating it. Callers hold m.mu.

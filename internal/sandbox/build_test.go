@@ -129,18 +129,27 @@ func TestBuildCachePrune(t *testing.T) {
 	}
 }
 
-// TestBuildInterruptedByRestart checks a Dockerfile build cut short by a
-// restart is failed at recovery (its context is gone), not resumed.
+// TestBuildInterruptedByRestart checks a Dockerfile build, and an image
+// export from a sandbox (capture with docker_image), cut short by a
+// restart are failed at recovery (their context or stream is gone), not
+// resumed as pulls.
 func TestBuildInterruptedByRestart(t *testing.T) {
 	e := newEnv(t)
 	now := time.Now()
-	if err := e.st.CreateSnapshot(context.Background(), &store.Snapshot{ID: "half", WorkspaceID: workspace, CreatedBy: "bob", Name: "half",
-		Status: protocol.SnapshotBuilding, CreatedAt: now, UpdatedAt: now}); err != nil {
-		t.Fatal(err)
+	for _, sn := range []*store.Snapshot{
+		{ID: "half", WorkspaceID: workspace, CreatedBy: "bob", Name: "half", Status: protocol.SnapshotBuilding, CreatedAt: now, UpdatedAt: now},
+		{ID: "export", WorkspaceID: workspace, CreatedBy: "bob", Name: "export", Status: protocol.SnapshotBuilding, CreatedAt: now, UpdatedAt: now,
+			DockerImage: "busybox", SourceSandboxID: "sb-gone"},
+	} {
+		if err := e.st.CreateSnapshot(context.Background(), sn); err != nil {
+			t.Fatal(err)
+		}
 	}
 	e.reopen(t)
-	if sn := waitBuilt(t, e, "half"); sn.Status != protocol.SnapshotFailed || len(sn.Layers) != 0 {
-		t.Fatalf("interrupted build after restart: %s %q", sn.Status, sn.StatusMessage)
+	for _, name := range []string{"half", "export"} {
+		if sn := waitBuilt(t, e, name); sn.Status != protocol.SnapshotFailed || len(sn.Layers) != 0 {
+			t.Fatalf("interrupted %s after restart: %s %q", name, sn.Status, sn.StatusMessage)
+		}
 	}
 }
 

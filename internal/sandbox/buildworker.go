@@ -16,6 +16,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/build"
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -98,6 +99,7 @@ func (w *buildWorker) Run(ctx context.Context, layers []string, spec build.RunSp
 	if err != nil {
 		return build.Layer{}, err
 	}
+	m.cfg.Faults.Hit(fault.BuildStepCaptured)
 	return build.Layer{ID: id, Path: path}, nil
 }
 

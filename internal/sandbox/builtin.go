@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
@@ -34,6 +35,33 @@ type BuiltinSource interface {
 	Make(ctx context.Context, ws string, progress func(step string, percent int)) (*image.Image, map[string]string, error)
 }
 
+// BuiltinBoot is how sandboxes of a built-in snapshot boot: the
+// snapshot's docker, start_cmd and ready_cmd.
+type BuiltinBoot struct {
+	// Docker: with Docker inside (runtime.Spec.Docker) unless a create
+	// says otherwise.
+	Docker             bool
+	StartCmd, ReadyCmd string
+}
+
+// BuiltinBooter is implemented by the BuiltinSources whose snapshots boot
+// other than plainly.
+type BuiltinBooter interface {
+	Boot() BuiltinBoot
+}
+
+// BuilderSnapshot is the on-demand built-in that the official clients'
+// createSnapshotFromDockerfile gets for its builder sandbox. That client
+// names no snapshot (it boots the default) but runs buildkitd, buildctl
+// and docker as root in it; the one mark of its builder is the name it
+// gives it, builderName, so a create naming no snapshot with such a name
+// boots BuilderSnapshot instead of the default, when the daemon has one.
+const BuilderSnapshot = "builder"
+
+// builderName is the name the official clients give their builder
+// sandbox: snapshot-builder- and 12 hex digits of a fresh UUID.
+var builderName = regexp.MustCompile(`^snapshot-builder-[0-9a-f]{12}$`)
+
 // BuiltinKeyLabel labels a built-in snapshot with its source's Key.
 const BuiltinKeyLabel = "cubicle.dev/builtin-key"
 
@@ -49,6 +77,8 @@ const builtinRetryAfter = 10 * time.Second
 // in the background and returns at once. A failed build is shown failed
 // with its error and built again at the next call (the next daemon start).
 func (m *Manager) EnsureBuiltin(ctx context.Context, name string, src BuiltinSource) error {
+	m.builtinMu.Lock()
+	defer m.builtinMu.Unlock()
 	all, err := m.cfg.Store.ListSnapshots(ctx, store.BuiltinWorkspace, store.ListOptions{Name: name})
 	if err != nil {
 		return fmt.Errorf("list built-in snapshots: %w", err)
@@ -63,6 +93,9 @@ func (m *Manager) EnsureBuiltin(ctx context.Context, name string, src BuiltinSou
 			m.pruneBuiltins(ctx, s)
 			return nil
 		}
+		if m.building(s.ID) {
+			return nil
+		}
 		sn = s // failed or interrupted: build again in place
 	}
 	now := time.Now().UTC()
@@ -70,6 +103,10 @@ func (m *Manager) EnsureBuiltin(ctx context.Context, name string, src BuiltinSou
 		sn = &store.Snapshot{ID: uuid.NewString(), WorkspaceID: store.BuiltinWorkspace, CreatedBy: builtinCreator, Name: name,
 			Status: protocol.SnapshotBuilding, DockerImage: src.Describe(), FSCapacityBytes: m.cfg.Limits.DefaultFSBytes, CreatedAt: now, UpdatedAt: now,
 			Labels: map[string]string{BuiltinKeyLabel: key}}
+		if b, ok := src.(BuiltinBooter); ok {
+			boot := b.Boot()
+			sn.Docker, sn.StartCmd, sn.ReadyCmd = boot.Docker, boot.StartCmd, boot.ReadyCmd
+		}
 		if err := m.cfg.Store.CreateSnapshot(ctx, sn); err != nil {
 			return fmt.Errorf("record built-in snapshot %s: %w", name, err)
 		}
@@ -89,6 +126,13 @@ func (m *Manager) EnsureBuiltin(ctx context.Context, name string, src BuiltinSou
 		return img, nil
 	})
 	return nil
+}
+
+// building reports whether snapshot id's build runs now.
+func (m *Manager) building(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.builds[id] != nil
 }
 
 // pruneBuiltins deletes the built-in snapshots named like keep, other

@@ -55,8 +55,8 @@ func validateCaptureRequest(req protocol.CaptureSnapshotRequest, lim LimitPolicy
 	if err := store.ValidateName("name", req.Name); err != nil {
 		return err
 	}
-	if req.DockerImage != "" {
-		return errdefs.Field("docker_image", "exporting a Docker image from inside a sandbox is not supported yet; omit docker_image to capture the sandbox's filesystem")
+	if req.DockerImage != "" && (req.IncludeMemory || req.Checkpoint) {
+		return errdefs.Field("docker_image", "an image exported from the sandbox's Docker has no memory to go with it; omit include_memory")
 	}
 	if err := validateSize("fs_capacity_bytes", req.FSCapacityBytes, lim.MaxFSBytes); err != nil {
 		return err
@@ -76,10 +76,16 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 	if err := requireStatus(sb, opCapture); err != nil {
 		return nil, err
 	}
+	if req.DockerImage != "" {
+		return m.captureImage(ctx, workspaceID, user, sb, req)
+	}
 	memory := req.IncludeMemory || req.Checkpoint
 	if memory {
 		if _, ok := m.cfg.Driver.(runtime.Checkpointer); !ok {
 			return nil, errdefs.Field("include_memory", "memory snapshots are not supported by the %s runtime (only gvisor can save a sandbox's memory); omit include_memory to capture the filesystem only", m.cfg.Driver.Name())
+		}
+		if sb.Docker {
+			return nil, dockerKeepsNoMemory("include_memory")
 		}
 		if statusOf(sb) != Ready {
 			return nil, errdefs.Field("include_memory", "sandbox %s is %s: it has no memory to capture; start it, or omit include_memory", sb.Name, sb.Status)
@@ -100,7 +106,7 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 		Status: protocol.SnapshotReady, DockerImage: parent.DockerImage, ImageDigest: parent.ImageDigest,
 		FSCapacityBytes: or(req.FSCapacityBytes, sb.FSCapacityBytes), SourceSandboxID: sb.ID, ProxyConfig: sb.ProxyConfig,
 		RunConfig: parent.RunConfig.Layer(sb.RunConfig).Layer(req.RunConfig), CreatedAt: now, UpdatedAt: now,
-		StartCmd: parent.StartCmd, ReadyCmd: parent.ReadyCmd,
+		StartCmd: parent.StartCmd, ReadyCmd: parent.ReadyCmd, Docker: sb.Docker, StatusMessage: captureNote(sb),
 	}
 	release, err := m.quota.reserve(ctx, workspaceID, snapshotClaim)
 	if err != nil {
@@ -164,6 +170,7 @@ func (m *Manager) freezeAndCapture(ctx context.Context, sb *store.Sandbox, snap 
 	if err := pauser.Pause(ctx, rid); err != nil {
 		return "", 0, fmt.Errorf("freeze sandbox %s: %w", sb.Name, err)
 	}
+	m.cfg.Faults.Hit(fault.CaptureFrozen)
 	layer, cerr := m.cfg.Storage.Capture(ctx, rid, snap)
 	rerr := pauser.Resume(context.WithoutCancel(ctx), rid)
 	frozen := time.Since(t0)

@@ -49,6 +49,34 @@ type Storage interface {
 	// Quarantine unmounts id's rootfs and moves what it wrote aside
 	// (never deleting it), returning where ("" if it wrote nothing).
 	Quarantine(ctx context.Context, id string) (string, error)
+
+	VolumeStorage
+}
+
+// VolumeStorage is what the manager calls on persistent volumes: one
+// directory per volume on the CoW store, limited to its size, with
+// read-only snapshots and copy-on-write clones of them. Ids are volume
+// and volume snapshot ids.
+type VolumeStorage interface {
+	// VolumePath is the directory sandboxes mount for volume id.
+	VolumePath(id string) string
+	// CreateVolume makes empty volume id of size bytes, reporting
+	// whether the size is enforced.
+	CreateVolume(ctx context.Context, id string, size int64) (enforced bool, err error)
+	// CloneVolume makes volume id a writable copy of snapshot snap.
+	CloneVolume(ctx context.Context, snap, id string, size int64) (enforced bool, err error)
+	// SnapshotVolume takes read-only snapshot snap of volume id.
+	SnapshotVolume(ctx context.Context, id, snap string) error
+	// RemoveVolume and RemoveVolumeSnapshot delete one; missing is fine.
+	RemoveVolume(ctx context.Context, id string) error
+	RemoveVolumeSnapshot(ctx context.Context, snap string) error
+	// VolumeUsage is the exclusive bytes of volumes ids and snapshots snaps.
+	VolumeUsage(ctx context.Context, ids, snaps []string) (map[string]int64, error)
+	// ListVolumeFiles returns the ids holding volume files (volume
+	// snapshots' when snapshots); QuarantineVolumeFiles moves one's files
+	// aside (never deleting them), returning where.
+	ListVolumeFiles(ctx context.Context, snapshots bool) ([]string, error)
+	QuarantineVolumeFiles(ctx context.Context, snapshot bool, id string) (string, error)
 }
 
 // Network is what the manager calls on sandbox networks: one netns and

@@ -30,8 +30,9 @@ type Egress interface {
 	PrepareRootFS(ctx context.Context, rootfs string) ([]string, error)
 }
 
-// hasProxyConfig reports whether raw is a proxy_config rather than absent.
-func hasProxyConfig(raw []byte) bool {
+// hasJSON reports whether raw (a proxy_config, a mount_config) is given
+// rather than absent or null.
+func hasJSON(raw []byte) bool {
 	raw = bytes.TrimSpace(raw)
 	return len(raw) > 0 && string(raw) != "null"
 }
@@ -42,7 +43,7 @@ func hasProxyConfig(raw []byte) bool {
 // inherited from a snapshot or fork, PATCH) goes through it under the
 // principal asking, so nobody gets a rule using a secret they may not read.
 func (m *Manager) validateEgress(ctx context.Context, cfg []byte) error {
-	if !hasProxyConfig(cfg) {
+	if !hasJSON(cfg) {
 		return nil
 	}
 	if m.cfg.Egress == nil {
@@ -60,7 +61,7 @@ func (m *Manager) validateEgress(ctx context.Context, cfg []byte) error {
 // of the sandbox runs. It returns the environment to add to the sandbox's.
 func (m *Manager) egressUp(ctx context.Context, id identity, rootfs string, ep *network.Endpoint) ([]string, error) {
 	if m.cfg.Egress == nil {
-		if hasProxyConfig(id.proxyConfig) {
+		if hasJSON(id.proxyConfig) {
 			return nil, fmt.Errorf("sandbox %s has a proxy_config but the server runs without an egress proxy: %w", id.name, errdefs.ErrUnavailable)
 		}
 		return nil, nil
@@ -123,10 +124,10 @@ func (m *Manager) SetProxyConfig(ctx context.Context, id string, cfg []byte) err
 // snapshot sn (nil if it has none). Giving one replaces the inherited
 // policy, so dropping it takes an explicit {}.
 func proxyConfigOf(raw []byte, sn *store.Snapshot) []byte {
-	if !hasProxyConfig(raw) {
+	if !hasJSON(raw) {
 		raw = sn.ProxyConfig
 	}
-	if !hasProxyConfig(raw) {
+	if !hasJSON(raw) {
 		return nil
 	}
 	return append([]byte(nil), bytes.TrimSpace(raw)...)

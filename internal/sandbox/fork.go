@@ -58,6 +58,11 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 	if err := m.validateEgress(ctx, parent.ProxyConfig); err != nil {
 		return nil, err
 	}
+	// Branches get the parent's data mounts (the same buckets and
+	// repositories, served afresh for each), under the same check.
+	if _, err := m.validateMounts(ctx, parent.MountConfig, parent.ProxyConfig); err != nil {
+		return nil, err
+	}
 	// A first check before the capture, so a fork that cannot fit does
 	// no work; the branches are admitted for real once recorded below.
 	branch := newSandboxClaim(parent)
@@ -91,15 +96,18 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 			bname = req.Names[i]
 		}
 		// Every policy of the parent carries over: limits and TTLs here,
-		// its run_config layer, and its proxy_config (egress and rules)
-		// inherited from the capture (v.ProxyConfig).
+		// its run_config layer, its volumes (the same volumes, shared,
+		// not copies: a capture holds none of their data), and its
+		// proxy_config (egress and rules) inherited from the capture
+		// (v.ProxyConfig).
 		reqs[i] = protocol.CreateSandboxRequest{
 			WaitForReady: &wait, Timeout: &timeout, SnapshotID: v.ID, Name: bname,
 			IdleTTLSeconds: &parent.IdleTTLSeconds, DeleteAfterStopSeconds: &parent.DeleteAfterStopSeconds,
 			VCPUs: &parent.VCPUs, MemBytes: &parent.MemBytes, FSCapacityBytes: &parent.FSCapacityBytes,
-			RunConfig: parent.RunConfig,
+			RunConfig: parent.RunConfig, Volumes: VolumeAttachments(parent), MountConfig: parent.MountConfig,
 		}
 	}
+	m.cfg.Faults.Hit(fault.ForkCaptured)
 	sbs, sn, err := m.recordBranches(ctx, reqs)
 	if err != nil {
 		if derr := m.DeleteSnapshot(context.WithoutCancel(ctx), v.ID); derr != nil {
@@ -115,7 +123,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := m.bootNew(ctx, sbs[i], sn, reqs[i])
+			sb, err := m.bootNew(ctx, sbs[i], sn, reqs[i], nil)
 			if err != nil && sb != nil {
 				if derr := m.DeleteSandbox(context.WithoutCancel(ctx), sb.Name); derr != nil {
 					m.log.Error("delete failed branch", "sandbox", sb.ID, "err", derr)
@@ -220,6 +228,7 @@ func (m *Manager) ResetSandbox(ctx context.Context, name, snapshotID string) (*s
 	if err := m.seedIdentity(ctx, rid, sn); err != nil {
 		return nil, err
 	}
+	m.cfg.Faults.Hit(fault.ResetCleared)
 	m.emit(ctx, sb, protocol.EventReset, map[string]string{"snapshot_id": sn.ID})
 	if err := m.boot(ctx, sb, sn); err != nil {
 		return nil, err

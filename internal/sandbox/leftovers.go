@@ -16,6 +16,11 @@ const (
 	LeftoverNetwork = "network" // a netns, veth pair and address
 	LeftoverStorage = "storage" // a rootfs mount, storage dir or volume
 	LeftoverCapture = "capture" // a captured layer no snapshot or build cache entry holds
+	// LeftoverVolume and LeftoverVolumeSnapshot are files no volume (or
+	// volume snapshot) record has: a crash between making them and the
+	// record, or between a record's deletion and theirs.
+	LeftoverVolume         = "volume"
+	LeftoverVolumeSnapshot = "volume-snapshot"
 )
 
 // Leftover is host state held under a runtime id that no sandbox record
@@ -25,7 +30,8 @@ type Leftover = protocol.Leftover
 
 // Leftovers lists the runtime instances, network endpoints and storage
 // held by ids no sandbox record has, then captured layers no snapshot or
-// build cache entry has, in that order, each sorted by id.
+// build cache entry has, then volume files no volume record has, in that
+// order, each sorted by id.
 func (m *Manager) Leftovers(ctx context.Context) ([]Leftover, error) {
 	sandboxes, err := m.cfg.Store.AllSandboxes(ctx)
 	if err != nil {
@@ -63,7 +69,11 @@ func (m *Manager) Leftovers(ctx context.Context) ([]Leftover, error) {
 		}
 	}
 	captures, err := m.captureLeftovers(ctx)
-	return append(out, captures...), err
+	if err != nil {
+		return nil, err
+	}
+	vols, err := m.volumeLeftovers(ctx)
+	return append(append(out, captures...), vols...), err
 }
 
 // captureLeftovers lists captured layers (and memory images) that no
@@ -121,6 +131,8 @@ func (m *Manager) CleanLeftovers(ctx context.Context) ([]Leftover, error) {
 			l.Moved, err = m.cfg.Storage.Quarantine(ctx, l.ID)
 		case LeftoverCapture:
 			l.Moved, err = m.cfg.Storage.QuarantineCapture(ctx, l.ID)
+		case LeftoverVolume, LeftoverVolumeSnapshot:
+			l.Moved, err = m.cfg.Storage.QuarantineVolumeFiles(ctx, l.Kind == LeftoverVolumeSnapshot, l.ID)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("clean %s leftover %s: %w", l.Kind, l.ID, err))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -264,6 +265,20 @@ func TestDiedSandboxIsStoppedWithWhy(t *testing.T) {
 	e := newEnv(t)
 	sb := e.create(t, member, "dies")
 	e.driver.Kill(runtimeID(sb.ID))
+	eventually(t, "the watcher", func() bool { return e.get(t, sb.ID).Status == protocol.StatusStopped })
+	if msg := e.m.StatusMessage(context.Background(), sb.ID); !strings.Contains(msg, "exited unexpectedly (killed by the test)") {
+		t.Fatalf("status message: %q", msg)
+	}
+}
+
+// TestDiedBeforeWatchedIsStopped: the watcher finds the sandbox's process
+// after the boot answered; an instance already gone by then has died, and
+// is recorded so rather than left ready and unwatched.
+func TestDiedBeforeWatchedIsStopped(t *testing.T) {
+	e := newEnv(t)
+	var once sync.Once
+	e.driver.PIDHook = func(id string) { once.Do(func() { e.driver.Kill(id) }) }
+	sb := e.create(t, member, "dies-early")
 	eventually(t, "the watcher", func() bool { return e.get(t, sb.ID).Status == protocol.StatusStopped })
 	if msg := e.m.StatusMessage(context.Background(), sb.ID); !strings.Contains(msg, "exited unexpectedly (killed by the test)") {
 		t.Fatalf("status message: %q", msg)

@@ -22,6 +22,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -41,10 +42,13 @@ import (
 )
 
 // ImageSource resolves an image reference to unpacked layers for one
-// workspace (its own local images first, then registries). The caller
-// releases the image once its layers are recorded in a snapshot.
+// workspace (its own local images first, then registries), and loads
+// image archives (a capture with docker_image exports one from inside a
+// sandbox). The caller releases each image once its layers are recorded
+// in a snapshot.
 type ImageSource interface {
 	Resolve(ctx context.Context, workspaceID, ref string, auth authn.Authenticator, progress func(image.Progress)) (*image.Image, error)
+	LoadReader(ctx context.Context, workspaceID string, r io.Reader, name string) ([]*image.Image, error)
 }
 
 // Credentials supplies pull credentials for snapshots that name a
@@ -74,6 +78,9 @@ type Config struct {
 	// Egress enforces proxy_config (egress.go); nil runs without an egress
 	// proxy and refuses sandboxes that set one.
 	Egress Egress
+	// Mounts serves mount_config (datamounts.go); nil runs without data
+	// mounts and refuses sandboxes that ask for them.
+	Mounts DataMounts
 	// ReapInterval is how often idle and delete-after-stop TTLs are
 	// checked (default 10 s). TTLs fire within one interval of their due time.
 	ReapInterval time.Duration
@@ -97,6 +104,14 @@ type Config struct {
 	// no snapshot stacks are pruned after each build (layers a snapshot
 	// stacks do not count).
 	BuildCacheBytes int64
+	// OnDemandBuiltins are built-in snapshots made at their first use
+	// (a create naming one that no record has yet), not at start, by
+	// name (the docker blueprint).
+	OnDemandBuiltins map[string]BuiltinSource
+	// Capacity bounds concurrent boots and refuses instances the host
+	// cannot hold (capacity.go); the zero value runs DefaultMaxBoots()
+	// at once and checks neither memory nor store space.
+	Capacity HostCapacity
 }
 
 // LimitPolicy holds defaults and maxima for sandbox resources.
@@ -134,6 +149,9 @@ type Manager struct {
 	mu     sync.Mutex
 	boxes  map[string]*box           // per sandbox id
 	builds map[string]*buildProgress // per snapshot id, while building
+	// builtinMu makes EnsureBuiltin's look-then-build one step, so two
+	// first uses start one build. It is taken before mu.
+	builtinMu sync.Mutex
 	// transient are ids in use now without a record of their own —
 	// Dockerfile build steps' runtime ids, captures' snapshot ids before
 	// the snapshot is recorded — which Leftovers must not take for
@@ -150,6 +168,10 @@ type Manager struct {
 	conns map[*Conn]struct{}
 	// reauth are the OnReauthorize hooks.
 	reauth []func(context.Context)
+	// pool holds the warm pools' instances (pool.go).
+	pool *pools
+	// gate admits boots within the host's capacity (capacity.go).
+	gate *bootGate
 
 	// Shutdown: life ends at Close, which then waits for bg, every
 	// goroutine the manager started (reaper, watchers, builds, boots).
@@ -205,6 +227,8 @@ func New(cfg Config) (*Manager, error) {
 		builds:    map[string]*buildProgress{},
 		transient: map[string]bool{},
 		conns:     map[*Conn]struct{}{},
+		pool:      newPools(),
+		gate:      newBootGate(cfg.Capacity),
 		life:      life, endLife: end,
 		wakeR: r, wakeW: w,
 	}, nil

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 )
@@ -119,6 +120,7 @@ func (m *Manager) checkpointAndCapture(ctx context.Context, sb *store.Sandbox, s
 	cerr := ckpt.Checkpoint(ctx, rid, image)
 	var layer string
 	if cerr == nil {
+		m.cfg.Faults.Hit(fault.CaptureCheckpointed)
 		layer, cerr = m.cfg.Storage.Capture(ctx, rid, snap)
 	}
 	rerr := pauser.Resume(context.WithoutCancel(ctx), rid)

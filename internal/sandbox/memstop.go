@@ -164,7 +164,7 @@ func (m *Manager) stop(ctx context.Context, sb *store.Sandbox, msg string) error
 }
 
 // suspend checkpoints ready sb's memory into its stop image, replacing any
-// earlier one, and leaves the instance paused for halt to stop. The image
+// earlier one, and leaves the instance ended for halt to tear down. The image
 // is complete only once tokenFile (the running agent's token, which the
 // restored agent holds) is renamed into place; on failure none is left.
 func (m *Manager) suspend(ctx context.Context, sb *store.Sandbox) error {
@@ -182,7 +182,7 @@ func (m *Manager) suspend(ctx context.Context, sb *store.Sandbox) error {
 	}
 	// A client that gives up on its stop must not cost the sandbox its
 	// memory half way: the checkpoint runs to its end.
-	err := ckpt.Checkpoint(context.WithoutCancel(ctx), runtimeID(sb.ID), image)
+	err := ckpt.Suspend(context.WithoutCancel(ctx), runtimeID(sb.ID), image)
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(dir, tokenFile), []byte(sb.Token))
 	}

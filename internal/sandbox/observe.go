@@ -20,7 +20,8 @@ type Observer interface {
 }
 
 // The operations an Observer sees, and the phases of a boot (create and
-// start), in the order they run.
+// start), in the order they run; rootfs and network overlap (both start
+// with the boot and egress waits for both).
 const (
 	OpCreate  = "create"
 	OpStart   = "start"
@@ -28,6 +29,7 @@ const (
 	OpCapture = "capture"
 	OpFork    = "fork"
 
+	PhaseQueue   = "queue" // waiting for a boot slot (HostCapacity.MaxBoots)
 	PhaseRootFS  = "rootfs"
 	PhaseNetwork = "network"
 	PhaseEgress  = "egress"

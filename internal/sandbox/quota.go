@@ -140,7 +140,7 @@ func exceeds(q store.Quota, u, c store.Usage) error {
 		{errdefs.QuotaSandboxes, "sandboxes", "", q.MaxSandboxes, u.Sandboxes, c.Sandboxes},
 		{errdefs.QuotaCPU, "running vCPUs", "", q.MaxVCPUs, u.VCPUs, c.VCPUs},
 		{errdefs.QuotaMemory, "running memory", " bytes", q.MaxMemBytes, u.MemBytes, c.MemBytes},
-		{errdefs.QuotaStorage, "declared storage (fs_capacity_bytes)", " bytes", q.MaxStorageBytes, u.StorageBytes, c.StorageBytes},
+		{errdefs.QuotaStorage, "declared storage (fs_capacity_bytes and volume sizes)", " bytes", q.MaxStorageBytes, u.StorageBytes, c.StorageBytes},
 		{errdefs.QuotaSnapshots, "snapshots", "", q.MaxSnapshots, u.Snapshots, c.Snapshots},
 	} {
 		if l.max == nil || l.add <= 0 || l.used+l.add <= *l.max {
@@ -193,7 +193,8 @@ func (m *Manager) SetWorkspaceQuota(ctx context.Context, ws string, q store.Quot
 }
 
 // WorkspaceUsage measures workspace ws against its quotas now, plus the
-// bytes its sandboxes and captured snapshots hold on the CoW store
+// bytes its sandboxes, captured snapshots, volumes and volume snapshots
+// hold on the CoW store
 // (measured, where the backend can; see Usage).
 func (m *Manager) WorkspaceUsage(ctx context.Context, ws string) (u store.Usage, usedBytes int64, err error) {
 	if _, err := m.cfg.Store.GetQuota(ctx, ws); err != nil {
@@ -217,7 +218,11 @@ func (m *Manager) WorkspaceUsage(ctx context.Context, ws string) (u store.Usage,
 	for _, n := range used {
 		usedBytes += n
 	}
-	return u, usedBytes, nil
+	vb, err := m.volumeBytes(ctx, ws)
+	if err != nil {
+		return u, 0, err
+	}
+	return u, usedBytes + vb, nil
 }
 
 // scaleUsage returns n times u.

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -152,4 +154,53 @@ func TestRecover(t *testing.T) {
 	// The re-adopted instance is watched again.
 	e.driver.Kill(runtimeID(alive.ID))
 	eventually(t, "the watcher", func() bool { return e.get(t, alive.ID).Status == protocol.StatusStopped })
+}
+
+// TestRecoverInterruptedStartAndCapture: a daemon that died during a
+// start (instance up, record still stopped) or a capture (instance
+// paused) leaves host state its records do not describe. After the
+// restart the stopped one's instance, endpoint and mount are gone (its
+// files kept), and the paused one runs again and answers.
+func TestRecoverInterruptedStartAndCapture(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	starting := e.create(t, member, "starting")
+	paused := e.create(t, member, "paused")
+	srid, prid := runtimeID(starting.ID), runtimeID(paused.ID)
+	if err := os.WriteFile(filepath.Join(e.storage.UpperDir(srid), "kept.txt"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.m.Close()
+	// What the crashed start recorded: stopped, with its instance up.
+	sb := e.get(t, starting.ID)
+	sb.Status = string(Stopped)
+	if err := e.st.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.driver.Pause(ctx, prid); err != nil {
+		t.Fatal(err)
+	}
+	e.reopen(t)
+
+	if running, _ := e.driver.Running(ctx, srid); running {
+		t.Error("the interrupted start's instance still runs")
+	}
+	if _, err := e.net.Lookup(ctx, srid); err == nil {
+		t.Error("the interrupted start's endpoint is still up")
+	}
+	if e.storage.Mounted(srid) {
+		t.Error("the interrupted start's rootfs is still mounted")
+	}
+	if b, err := os.ReadFile(filepath.Join(e.storage.UpperDir(srid), "kept.txt")); err != nil || string(b) != "kept" {
+		t.Errorf("the stopped sandbox's files: %q %v", b, err)
+	}
+	if e.driver.Paused(prid) {
+		t.Error("the sandbox paused by the interrupted capture is still paused")
+	}
+	if c, _ := e.m.instance(paused.ID); c == nil || e.get(t, paused.ID).Status != protocol.StatusReady {
+		t.Error("the sandbox paused by the interrupted capture was not re-adopted")
+	}
+	if got := e.get(t, starting.ID); got.Status != protocol.StatusStopped {
+		t.Errorf("the interrupted start's record: %s", got.Status)
+	}
 }

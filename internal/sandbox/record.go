@@ -55,10 +55,14 @@ type stopReason struct {
 // createdData is a created event's data: what the sandbox was made from
 // and its limits.
 func createdData(sb *store.Sandbox) map[string]any {
-	return map[string]any{"name": sb.Name, "snapshot_id": sb.SnapshotID, "runtime": sb.Runtime,
+	d := map[string]any{"name": sb.Name, "snapshot_id": sb.SnapshotID, "runtime": sb.Runtime,
 		"vcpus": sb.VCPUs, "mem_bytes": sb.MemBytes, "fs_capacity_bytes": sb.FSCapacityBytes,
 		"idle_ttl_seconds": sb.IdleTTLSeconds, "delete_after_stop_seconds": sb.DeleteAfterStopSeconds,
-		"proxy_config": hasProxyConfig(sb.ProxyConfig)}
+		"proxy_config": hasJSON(sb.ProxyConfig)}
+	if len(sb.Volumes) > 0 {
+		d["volumes"] = VolumeAttachments(sb)
+	}
+	return d
 }
 
 // policyChange is a policy_changed event's data: the fields an update
@@ -78,6 +82,9 @@ func policyDiff(before *store.Sandbox, req protocol.UpdateSandboxRequest, proxyC
 	}
 	if req.RunConfig != nil {
 		c.Fields = append(c.Fields, "run_config")
+	}
+	if req.Volumes != nil {
+		c.Fields = append(c.Fields, "volumes")
 	}
 	if v := req.IdleTTLSeconds; v != nil && *v != before.IdleTTLSeconds {
 		c.Fields = append(c.Fields, "idle_ttl_seconds")

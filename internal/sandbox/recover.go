@@ -3,9 +3,11 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -16,15 +18,26 @@ import (
 // dataplane request or start boots them again), half-made ones are marked
 // failed, interrupted deletions are finished, and interrupted snapshot
 // pulls are resumed (interrupted Dockerfile builds, whose context is gone,
-// are marked failed). Then what ids without a record hold on the host is
+// are marked failed). A stopped sandbox whose instance outlived its record
+// (the daemon died during its start) has that instance torn down, and a
+// running one left paused or frozen (it died during a capture) is resumed.
+// Warm-pool instances the previous daemon left are torn down
+// (recoverPools). Then what ids without a record hold on the host is
 // cleaned up (CleanLeftovers: their data is moved aside, not deleted).
 func (m *Manager) Recover(ctx context.Context) error {
 	sandboxes, err := m.cfg.Store.AllSandboxes(ctx)
 	if err != nil {
 		return err
 	}
+	held, err := m.heldInstances(ctx)
+	if err != nil {
+		return err
+	}
 	for _, sb := range sandboxes {
-		m.recoverSandbox(ctx, sb)
+		m.recoverSandbox(ctx, sb, held)
+	}
+	if err := m.recoverPools(ctx); err != nil {
+		m.log.Error("tear down the previous daemon's pool instances", "err", err)
 	}
 	if _, err := m.CleanLeftovers(ctx); err != nil {
 		m.log.Error("clean up leftovers", "err", err)
@@ -43,8 +56,10 @@ func (m *Manager) Recover(ctx context.Context) error {
 			}
 			continue
 		}
-		if sn.DockerImage == "" {
-			m.failInterruptedBuild(ctx, sn) // a Dockerfile build: its context is gone
+		if sn.DockerImage == "" || sn.SourceSandboxID != "" {
+			// A Dockerfile build (its context is gone) or an image
+			// export from a sandbox (captureImage: its stream is).
+			m.failInterruptedBuild(ctx, sn)
 			continue
 		}
 		m.startBuild(ctx, sn, nil)
@@ -52,7 +67,29 @@ func (m *Manager) Recover(ctx context.Context) error {
 	return nil
 }
 
-func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
+// heldInstances returns the runtime ids holding a runtime instance or a
+// network endpoint, listed once rather than asked per record.
+func (m *Manager) heldInstances(ctx context.Context) (map[string]bool, error) {
+	held := map[string]bool{}
+	lists := []func(context.Context) ([]string, error){m.cfg.Network.List}
+	if l, ok := m.cfg.Driver.(runtime.Lister); ok {
+		lists = append(lists, l.List)
+	}
+	for _, list := range lists {
+		ids, err := list(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("list sandbox instances: %w", err)
+		}
+		for _, id := range ids {
+			held[id] = true
+		}
+	}
+	return held, nil
+}
+
+// recoverSandbox reconciles sb with what the host holds for it; held is
+// heldInstances.
+func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox, held map[string]bool) {
 	rid := runtimeID(sb.ID)
 	log := m.log.With("sandbox", sb.ID, "name", sb.Name)
 	switch statusOf(sb) {
@@ -64,18 +101,27 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
 		}
 		log.Warn("running sandbox not re-adopted; stopping it", "err", err)
 		msg := "found not running after a daemon restart; the next request starts it again"
+		remount := errors.Is(err, errMountsGone)
+		if remount {
+			msg = "restarted after a daemon restart: " + errMountsGone.Error()
+		}
 		if err := m.halt(ctx, sb, msg); err != nil {
 			log.Error("mark sandbox stopped", "err", err)
 			return
 		}
 		m.emit(ctx, sb, protocol.EventStopped, stopReason{Reason: protocol.StopCrash, Message: msg})
+		if remount {
+			// Its files are kept; it boots again at once with its
+			// mounts served by this daemon.
+			m.goBG(func() {
+				if err := m.wake(context.WithoutCancel(ctx), sb.ID, true); err != nil {
+					log.Error("restart sandbox with data mounts", "err", err)
+				}
+			})
+		}
 	case Provisioning:
 		// The boot was interrupted: nothing of it can be trusted.
-		if err := errors.Join(
-			m.cfg.Driver.Stop(ctx, rid),
-			m.cfg.Network.Teardown(ctx, rid),
-			m.cfg.Storage.Unmount(ctx, rid),
-		); err != nil {
+		if err := m.takeDown(ctx, rid, false); err != nil {
 			log.Warn("clean up interrupted boot", "err", err)
 		}
 		if err := m.transition(ctx, sb, Failed, "daemon restarted during boot"); err != nil {
@@ -83,6 +129,18 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox) {
 			return
 		}
 		m.emit(ctx, sb, protocol.EventBootFailed, map[string]string{"error": sb.StatusMessage})
+	case Stopped:
+		// A start that died before recording ready left its instance
+		// up: the record is the truth, so the instance goes (its files
+		// stay) and the next start boots it again.
+		if !held[rid] {
+			return
+		}
+		if err := m.takeDown(ctx, rid, false); err != nil {
+			log.Warn("tear down instance of a stopped sandbox", "err", err)
+			return
+		}
+		log.Info("tore down the instance of an interrupted start")
 	case Deleting:
 		if err := m.destroy(ctx, sb); err != nil {
 			log.Error("finish deleting sandbox", "err", err)
@@ -104,6 +162,16 @@ func (m *Manager) readopt(ctx context.Context, sb *store.Sandbox) error {
 	if !running {
 		return errors.New("not running")
 	}
+	// A daemon that died during a capture left it paused (a checkpoint)
+	// or frozen; resuming a running sandbox is a no-op.
+	if p, ok := m.cfg.Driver.(runtime.Pauser); ok {
+		if err := p.Resume(ctx, rid); err != nil {
+			return err
+		}
+	}
+	if hasJSON(sb.MountConfig) {
+		return errMountsGone
+	}
 	ep, err := m.cfg.Network.Lookup(ctx, rid)
 	if err != nil {
 		return err
@@ -120,6 +188,7 @@ func (m *Manager) readopt(ctx context.Context, sb *store.Sandbox) error {
 		return err
 	}
 	m.setAgent(sb.ID, c)
+	m.setMounted(sb.ID, sb.Volumes) // what it booted with, as far as the record knows
 	m.watch(ctx, sb.ID, c)
 	m.restoreActivity(sb) // neither reset nor zero the idle clock
 	return nil

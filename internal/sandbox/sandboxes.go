@@ -26,17 +26,30 @@ import (
 // (then it returns the provisioning record and an error wrapping
 // errdefs.ErrTimeout; the boot goes on in the background).
 func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxRequest) (*store.Sandbox, error) {
+	defer m.pool.busy()()
 	sb, sn, err := m.newSandbox(ctx, req)
 	if err != nil {
 		return nil, err
 	}
+	admitted, err := m.gate.admit(sb.MemBytes)
+	if err != nil {
+		return nil, err
+	}
+	pi := m.takePooled(sb, sn, req)
 	if err := m.quota.admit(ctx, sb.WorkspaceID, newSandboxClaim(sb), func() error {
 		return m.cfg.Store.CreateSandbox(ctx, sb)
 	}); err != nil {
+		if pi != nil {
+			m.discardPooled(ctx, pi)
+		}
+		admitted()
 		return nil, err
 	}
+	if pi != nil {
+		m.adoptPooled(ctx, pi)
+	}
 	m.cfg.Faults.Hit(fault.CreateRecorded)
-	return m.bootNew(ctx, sb, sn, req)
+	return m.bootNew(ctx, sb, sn, req, admitted)
 }
 
 // newSandbox validates req and returns the provisioning record it would
@@ -60,19 +73,44 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 	if err := m.checkPreserveMemory(req.PreserveMemoryOnStop); err != nil {
 		return nil, nil, err
 	}
+	if err := m.checkDocker(req.Docker); err != nil {
+		return nil, nil, err
+	}
 	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
 	if err != nil {
 		return nil, nil, err
 	}
-	if _, err := m.snapshotMemory(sn, req.RestoreMemory); err != nil {
+	mem, err := m.snapshotMemory(sn, req.RestoreMemory)
+	if err != nil {
 		return nil, nil, err
+	}
+	docker, err := m.dockerOf(req.Docker, sn)
+	if err != nil {
+		return nil, nil, err
+	}
+	if docker && req.PreserveMemoryOnStop != nil && *req.PreserveMemoryOnStop {
+		return nil, nil, dockerKeepsNoMemory("preserve_memory_on_stop")
+	}
+	if docker && mem.dir != "" {
+		return nil, nil, errdefs.Field("docker", "snapshot %s holds a memory image, whose processes run without Docker inside; create with restore_memory: false to boot it cold", sn.Name)
 	}
 	proxyConfig := proxyConfigOf(req.ProxyConfig, sn)
 	if err := m.validateEgress(ctx, proxyConfig); err != nil {
 		return nil, nil, err
 	}
+	mountPaths, err := m.validateMounts(ctx, req.MountConfig, proxyConfig)
+	if err != nil {
+		return nil, nil, err
+	}
 	labels, err := layerLabels("labels", sn.Labels, req.Labels)
 	if err != nil {
+		return nil, nil, err
+	}
+	vols, err := m.resolveVolumes(ctx, "volumes", req.Volumes)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := volumesClearOfMounts(vols, mountPaths); err != nil {
 		return nil, nil, err
 	}
 	now := time.Now().UTC()
@@ -86,6 +124,9 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 		RunConfig:              rc, Token: randomHex(32), CreatedAt: now, UpdatedAt: now,
 		ProxyConfig: proxyConfig, PreserveMemoryOnStop: req.PreserveMemoryOnStop != nil && *req.PreserveMemoryOnStop,
 		CPUMillicores: or(req.CPUMillicores, 0), Labels: labels, Persistent: req.Persistent == nil || *req.Persistent,
+		Volumes:     vols,
+		Docker:      docker,
+		MountConfig: mountConfigOf(req.MountConfig),
 	}
 	if sb.Name == "" {
 		sb.Name = "sandbox-" + randomHex(4)
@@ -95,11 +136,16 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 
 // bootNew boots recorded sandbox sb from sn in the background and, as
 // req asks, waits for it (see CreateSandbox). Its record begins here.
-func (m *Manager) bootNew(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot, req protocol.CreateSandboxRequest) (*store.Sandbox, error) {
+// admitted, the boot's place in the gate (or nil), is given back once
+// the boot ends.
+func (m *Manager) bootNew(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot, req protocol.CreateSandboxRequest, admitted func()) (*store.Sandbox, error) {
 	m.emit(ctx, sb, protocol.EventCreated, createdData(sb))
 	ctx = WithRestoreMemory(ctx, req.RestoreMemory)
 	done := make(chan error, 1)
 	m.goBG(func() {
+		if admitted != nil {
+			defer admitted()
+		}
 		bctx := context.WithoutCancel(ctx) // the boot outlives a create that does not wait
 		unlock, err := m.lock(bctx, sb.ID)
 		if err == nil {
@@ -186,7 +232,12 @@ func (m *Manager) lockID(ctx context.Context, id string) (sb *store.Sandbox, unl
 // GetSandbox returns a sandbox by name (or id). Like every call naming a
 // sandbox, it counts as activity.
 func (m *Manager) GetSandbox(ctx context.Context, name string) (*store.Sandbox, error) {
-	return m.visible(ctx, name, authz.Get)
+	sb, err := m.visible(ctx, name, authz.Get)
+	if err != nil {
+		return nil, err
+	}
+	m.liveMountsHealth(sb)
+	return sb, nil
 }
 
 // ListSandboxes lists the sandboxes the caller may see.
@@ -233,15 +284,28 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) (err 
 	if err := m.cfg.Driver.Stop(ctx, rid); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
 	}
+	m.setMounted(sb.ID, nil)
 	if err := m.cfg.Network.Teardown(ctx, rid); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
 	}
 	m.egressDown(ctx, sb.ID)
+	m.dataMountsDown(ctx, sb, false)
 	if err := m.cfg.Storage.Unmount(ctx, rid); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
 	}
 	m.cfg.Faults.Hit(fault.StopHalted)
 	return m.transition(ctx, sb, Stopped, msg)
+}
+
+// takeDown tears down instance rid: its runtime, its netns and address,
+// and its rootfs (unmounted, its files kept; with remove, deleted). Each
+// step runs whatever the others did; their errors are joined.
+func (m *Manager) takeDown(ctx context.Context, rid string, remove bool) error {
+	fsDown := m.cfg.Storage.Unmount
+	if remove {
+		fsDown = m.cfg.Storage.Remove
+	}
+	return errors.Join(m.cfg.Driver.Stop(ctx, rid), m.cfg.Network.Teardown(ctx, rid), fsDown(ctx, rid))
 }
 
 // StartSandbox boots a stopped sandbox on its existing filesystem (or a
@@ -281,7 +345,13 @@ func (m *Manager) wake(ctx context.Context, id string, explicit bool) error {
 	if s := statusOf(sb); s == Ready || s == Provisioning {
 		return nil
 	}
-	// Over the workspace's running quotas, it stays as it is.
+	// Over the workspace's running quotas or the host's capacity, it
+	// stays as it is.
+	admitted, err := m.gate.admit(sb.MemBytes)
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	release, err := m.quota.reserve(ctx, sb.WorkspaceID, runClaim(sb))
 	if err != nil {
 		return err
@@ -343,15 +413,12 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	}
 	rid := runtimeID(sb.ID)
 	m.setAgent(sb.ID, nil)
-	if err := errors.Join(
-		m.cfg.Driver.Stop(ctx, rid),
-		m.cfg.Network.Teardown(ctx, rid),
-		m.cfg.Storage.Remove(ctx, rid),
-	); err != nil {
+	if err := m.takeDown(ctx, rid, true); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", sb.Name, err)
 	}
 	m.discardMemory(sb.ID)
 	m.egressDown(ctx, sb.ID)
+	m.dataMountsDown(ctx, sb, true)
 	m.cfg.Faults.Hit(fault.DeleteTornDown)
 	if err := m.transition(ctx, sb, Gone, ""); err != nil {
 		return err

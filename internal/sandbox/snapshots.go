@@ -248,6 +248,9 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	if err := m.checkSnapshotDependents(ctx, sn); err != nil {
 		return err
 	}
+	if err := m.dropPool(ctx, sn.ID); err != nil {
+		return err
+	}
 	if err := m.cfg.Store.DeleteSnapshot(ctx, sn.WorkspaceID, id); err != nil {
 		return err
 	}
@@ -258,16 +261,27 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 // Docker-style name[:tag] (see store.Store.SnapshotByName).
 func (m *Manager) snapshotByRef(ctx context.Context, workspaceID, ref string) (*store.Snapshot, error) {
 	sn, err := m.cfg.Store.GetSnapshot(ctx, workspaceID, ref)
-	if errdefs.IsNotFound(err) {
-		name, tag := SplitSnapshotRef(ref)
-		sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, name, tag)
+	if !errdefs.IsNotFound(err) {
+		return sn, err
 	}
-	return sn, err
+	name, tag := SplitSnapshotRef(ref)
+	sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, name, tag)
+	src, onDemand := m.cfg.OnDemandBuiltins[name]
+	if !onDemand || tag != "" || (err == nil && sn.WorkspaceID != store.BuiltinWorkspace) {
+		return sn, err
+	}
+	// An on-demand built-in (the workspace has none of its own): made
+	// at this first use, or again for a new recipe.
+	if err := m.EnsureBuiltin(ctx, name, src); err != nil {
+		return nil, err
+	}
+	return m.cfg.Store.SnapshotByName(ctx, workspaceID, name, tag)
 }
 
 // resolveSnapshot finds the snapshot a create request names: by id, by
 // name, or — when neither is given — the workspace's snapshot called
-// "default", else the built-in one; the caller must have use of it
+// "default", else the built-in one (BuilderSnapshot for the official
+// clients' builder sandboxes); the caller must have use of it
 // (authz.BootSnapshot). A built-in still building is waited for or
 // answered as pending (awaitBuiltin).
 func (m *Manager) resolveSnapshot(ctx context.Context, workspaceID string, req protocol.CreateSandboxRequest) (*store.Snapshot, error) {
@@ -279,6 +293,8 @@ func (m *Manager) resolveSnapshot(ctx context.Context, workspaceID string, req p
 		sn, err = m.snapshotByRef(ctx, workspaceID, req.SnapshotID)
 	case req.SnapshotName != "":
 		sn, err = m.snapshotByRef(ctx, workspaceID, req.SnapshotName)
+	case builderName.MatchString(req.Name) && m.cfg.OnDemandBuiltins[BuilderSnapshot] != nil:
+		sn, err = m.snapshotByRef(ctx, workspaceID, BuilderSnapshot)
 	default:
 		sn, err = m.cfg.Store.SnapshotByName(ctx, workspaceID, "default", "")
 		if errors.Is(err, errdefs.ErrNotFound) {

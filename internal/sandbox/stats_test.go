@@ -81,9 +81,9 @@ func TestObserverSeesOperationsAndBootPhases(t *testing.T) {
 	if _, err := e.m.CaptureSnapshot(as(admin), "box", protocol.CaptureSnapshotRequest{Name: "cap"}); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"begin create", "create rootfs", "create network", "create egress", "create driver", "create agent", "end create",
+	want := []string{"begin create", "create queue", "create rootfs", "create network", "create egress", "create driver", "create agent", "end create",
 		"begin stop", "end stop",
-		"begin start", "start rootfs", "start network", "start egress", "start driver", "start agent", "end start",
+		"begin start", "start queue", "start rootfs", "start network", "start egress", "start driver", "start agent", "end start",
 		"begin capture", "end capture"}
 	rec.mu.Lock()
 	defer rec.mu.Unlock()

@@ -24,8 +24,9 @@ var ErrInvalidRequest = errors.New("invalid request")
 // proxy_config (stored as sent; only while ready) and a resize within the
 // workspace's quotas (vcpus and mem_bytes apply from the next start, as
 // the runtime cannot change a running instance's; fs_capacity_bytes at
-// once). A request that sets nothing returns the sandbox unchanged, like
-// GET.
+// once), and volumes (the attachments, replaced; they apply from the
+// next start, see volumes.go). A request that sets nothing returns the
+// sandbox unchanged, like GET.
 func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.UpdateSandboxRequest) (*store.Sandbox, error) {
 	sb, err := m.visible(ctx, name, authz.Update)
 	if err != nil {
@@ -51,6 +52,15 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	if req.PreserveMemoryOnStop != nil && *req.PreserveMemoryOnStop && !sb.Persistent {
 		return nil, errdefs.Field("preserve_memory_on_stop", "requires a persistent sandbox; %s was created with persistent: false", sb.Name)
 	}
+	var vols []store.VolumeAttachment
+	if req.Volumes != nil {
+		if vols, err = m.resolveVolumes(ctx, "volumes", *req.Volumes); err != nil {
+			return nil, err
+		}
+	}
+	if req.PreserveMemoryOnStop != nil && *req.PreserveMemoryOnStop && sb.Docker {
+		return nil, dockerKeepsNoMemory("preserve_memory_on_stop")
+	}
 	if req.Resizes() {
 		// Held until the record is written, which makes the claim visible.
 		release, err := m.quota.reserve(ctx, sb.WorkspaceID, resizeClaim(sb, req))
@@ -61,7 +71,7 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	}
 	before := *sb
 	proxy := bytes.TrimSpace(req.ProxyConfig)
-	proxyChanged := len(proxy) > 0 && string(proxy) != "null"
+	proxyChanged := hasJSON(proxy)
 	if proxyChanged {
 		if err := requireStatus(sb, opProxy); err != nil {
 			return nil, err
@@ -98,6 +108,11 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	sb.UpdatedAt = time.Now().UTC()
 	if err := m.cfg.Store.UpdateSandbox(ctx, sb); err != nil {
 		return nil, err
+	}
+	if req.Volumes != nil {
+		if err := m.setVolumes(ctx, sb, vols); err != nil {
+			return nil, err
+		}
 	}
 	if req.FSCapacityBytes != nil && statusOf(sb) == Ready {
 		m.limitFS(ctx, sb.ID, sb.FSCapacityBytes)

@@ -7,6 +7,7 @@ import (
 	"regexp"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -120,6 +121,43 @@ func validateSandboxRequest(req protocol.CreateSandboxRequest, lim LimitPolicy, 
 		return err
 	}
 	return validateRunConfig("run_config", req.RunConfig)
+}
+
+// checkDocker refuses docker: true on a runtime that cannot host Docker,
+// before anything else of the request is looked up.
+func (m *Manager) checkDocker(docker *bool) error {
+	if docker == nil || !*docker {
+		return nil
+	}
+	if _, ok := m.cfg.Driver.(runtime.DockerHost); !ok {
+		return errdefs.Field("docker", "the %s runtime cannot run Docker inside a sandbox (use the gvisor runtime)", m.cfg.Driver.Name())
+	}
+	return nil
+}
+
+// dockerOf is the Docker-inside opt-in of a sandbox created from sn:
+// asked (docker, when not nil, already checked), else sn's, which a
+// runtime that cannot host Docker refuses.
+func (m *Manager) dockerOf(docker *bool, sn *store.Snapshot) (bool, error) {
+	if docker != nil {
+		return *docker, nil
+	}
+	if !sn.Docker {
+		return false, nil
+	}
+	if _, ok := m.cfg.Driver.(runtime.DockerHost); !ok {
+		return false, errdefs.Field("docker", "snapshot %s runs Docker inside, which the %s runtime cannot (create with docker: false to boot it without)", sn.Name, m.cfg.Driver.Name())
+	}
+	return true, nil
+}
+
+// dockerKeepsNoMemory refuses memory snapshots and memory-preserving
+// stops of sandboxes with Docker inside: gVisor's restore rebuilds the
+// network stack from the new netns, which drops the bridge and veths
+// dockerd made, so a restored dockerd could no longer start a bridged
+// container (measured: "could not find bridge docker0").
+func dockerKeepsNoMemory(field string) error {
+	return errdefs.Field(field, "a sandbox with Docker inside cannot keep its memory (a restore rebuilds its network stack without Docker's bridge); stop and start it cold")
 }
 
 // errNoResourceTags refuses tag_value_ids: Cubicle has no LangSmith

@@ -16,19 +16,29 @@ import (
 // fires at once when it goes; Close wakes it through the manager's pipe
 // and it ends without a verdict (the sandbox outlives the daemon). c is the
 // agent client of the instance being watched: a deliberate stop or restart
-// replaces it first, which tells died the exit was expected.
+// replaces it first, which tells died the exit was expected. It returns at
+// once: finding the process (a runsc subprocess under gVisor, ~10 ms) is
+// part of the background work, not of the boot a client waits for; an
+// instance already gone by then has died.
 func (m *Manager) watch(ctx context.Context, id string, c *agent.Client) {
-	pid, err := m.cfg.Driver.PID(ctx, runtimeID(id))
-	if err != nil || pid == 0 {
-		m.log.Warn("cannot watch sandbox process", "sandbox", id, "pid", pid, "err", err)
-		return
-	}
-	fd, err := unix.PidfdOpen(pid, 0)
-	if err != nil {
-		m.log.Warn("cannot watch sandbox process", "sandbox", id, "pid", pid, "err", err)
-		return
-	}
+	ctx = context.WithoutCancel(ctx) // the boot's context ends before the sandbox does
 	m.goBG(func() {
+		pid, err := m.cfg.Driver.PID(ctx, runtimeID(id))
+		if err != nil {
+			m.log.Warn("cannot watch sandbox process", "sandbox", id, "err", err)
+			return
+		}
+		if pid == 0 {
+			if !m.closing() {
+				m.died(ctx, id, c) // gone already (died checks it was not on purpose)
+			}
+			return
+		}
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			m.log.Warn("cannot watch sandbox process", "sandbox", id, "pid", pid, "err", err)
+			return
+		}
 		defer unix.Close(fd)
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(m.wakeR.Fd()), Events: unix.POLLIN}}
 		for {
@@ -39,7 +49,7 @@ func (m *Manager) watch(ctx context.Context, id string, c *agent.Client) {
 		if fds[0].Revents == 0 || m.closing() {
 			return // the manager is closing
 		}
-		m.died(context.WithoutCancel(ctx), id, c)
+		m.died(ctx, id, c)
 	})
 }
 

@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"unsafe"
 
@@ -165,20 +163,10 @@ func btrfsCmd(ctx context.Context, args ...string) ([]byte, error) {
 }
 
 // qgroupExclusive returns the exclusive bytes of every level-0 qgroup (one
-// per subvolume) of the filesystem at root, keyed by subvolume id. It
-// commits the running transaction first, since qgroup numbers are only
-// updated at commit.
-func qgroupExclusive(ctx context.Context, root string) (map[uint64]int64, error) {
-	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", root, err)
-	}
-	err = unix.Syncfs(fd)
-	unix.Close(fd)
-	if err != nil {
-		return nil, fmt.Errorf("sync %s: %w", root, err)
-	}
-	counts, err := qgroupCounts(ctx, root)
+// per subvolume) of the filesystem at root, keyed by subvolume id, as of
+// its last transaction commit.
+func qgroupExclusive(root string) (map[uint64]int64, error) {
+	counts, err := qgroupCounts(root)
 	if err != nil {
 		return nil, err
 	}
@@ -192,34 +180,62 @@ func qgroupExclusive(ctx context.Context, root string) (map[uint64]int64, error)
 // qgroupCount is one level-0 qgroup's referenced and exclusive bytes.
 type qgroupCount struct{ rfer, excl int64 }
 
-// qgroupCounts returns the counts of every level-0 qgroup of the
-// filesystem at root as of its last transaction commit.
-func qgroupCounts(ctx context.Context, root string) (map[uint64]qgroupCount, error) {
-	out, err := btrfsCmd(ctx, "qgroup", "show", "--raw", root)
-	if err != nil {
-		return nil, err
-	}
-	return parseQgroupShow(out), nil
-}
+// Quota tree items (ctree.h): the tree's id, and the key type of a
+// qgroup's info item, keyed (0, btrfsQgroupInfoKey, qgroupid).
+const (
+	btrfsQuotaTreeID   = 8
+	btrfsQgroupInfoKey = 242
+	// btrfsQgroupInfoSize is struct btrfs_qgroup_info_item: generation,
+	// rfer, rfer_cmpr, excl, excl_cmpr (u64 each).
+	btrfsQgroupInfoSize = 40
+)
 
-// parseQgroupShow parses `btrfs qgroup show --raw` output: lines of
-// "0/<subvolid> <referenced> <exclusive> ...".
-func parseQgroupShow(out []byte) map[uint64]qgroupCount {
-	res := map[uint64]qgroupCount{}
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 3 || !strings.HasPrefix(f[0], "0/") {
-			continue
-		}
-		id, err1 := strconv.ParseUint(strings.TrimPrefix(f[0], "0/"), 10, 64)
-		rfer, err2 := strconv.ParseInt(f[1], 10, 64)
-		excl, err3 := strconv.ParseInt(f[2], 10, 64)
-		if err1 == nil && err2 == nil && err3 == nil {
-			res[id] = qgroupCount{rfer, excl}
-		}
+// qgroupCounts returns the counts of every level-0 qgroup of the
+// filesystem at root as of its last transaction commit, read from the
+// quota tree with one search ioctl (no `btrfs qgroup show` process, no
+// sync: a reader never waits for other volumes' writes).
+func qgroupCounts(root string) (map[uint64]qgroupCount, error) {
+	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", root, err)
 	}
-	return res
+	defer unix.Close(fd)
+	args := new(btrfsSearchArgsV2)
+	k := &args.key
+	k.treeID = btrfsQuotaTreeID
+	k.minType, k.maxType = btrfsQgroupInfoKey, btrfsQgroupInfoKey
+	// Level-0 qgroup ids are the subvolume ids (level 0 in the top 16 bits).
+	k.maxOffset = 1<<48 - 1
+	k.maxTransid = ^uint64(0)
+	res := map[uint64]qgroupCount{}
+	for {
+		k.nrItems = 4096
+		args.bufSize = searchBufSize
+		if err := ioctl(fd, btrfsIocTreeSearchV2, unsafe.Pointer(args)); err != nil {
+			return nil, fmt.Errorf("search the quota tree of %s: %w", root, err)
+		}
+		if k.nrItems == 0 {
+			return res, nil
+		}
+		var offset uint64
+		buf := args.buf[:]
+		for i := uint32(0); i < k.nrItems && len(buf) >= searchHeaderSize; i++ {
+			offset = le64(buf[16:])
+			typ, n := le32(buf[24:]), int(le32(buf[28:]))
+			item := buf[searchHeaderSize:]
+			if n > len(item) {
+				return nil, fmt.Errorf("search the quota tree of %s: item of %d bytes past the buffer", root, n)
+			}
+			item, buf = item[:n], item[n:]
+			if typ == btrfsQgroupInfoKey && n >= btrfsQgroupInfoSize {
+				res[offset] = qgroupCount{rfer: int64(le64(item[8:])), excl: int64(le64(item[24:]))}
+			}
+		}
+		if offset >= k.maxOffset {
+			return res, nil
+		}
+		k.minOffset = offset + 1
+	}
 }
 
 // haveBtrfsTools reports whether the btrfs kernel module and the user

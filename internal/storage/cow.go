@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -47,8 +48,20 @@ type CoW struct {
 	image   string // loop image file (BackendBtrfsLoop only)
 	quota   bool   // qgroups enabled: exclusive bytes are exact
 	log     *slog.Logger
-	mu      sync.Mutex // serialises qgroup reports
+
+	// Background commits keep qgroup counts fresh for readers, who never
+	// sync themselves (see freshen). Guarded by commitMu.
+	commitMu   sync.Mutex
+	committing bool
+	committed  time.Time // when the last background commit ended
+	bg         sync.WaitGroup
 }
+
+// usageFreshness is how old the last commit may be before a usage read
+// starts another in the background: the counts a reader gets are at most
+// about this plus one commit's time old, and a store with no readers is
+// never synced for them.
+const usageFreshness = time.Second
 
 type cowOptions struct {
 	imageSize int64
@@ -229,20 +242,20 @@ func (c *CoW) Delete(ctx context.Context, path string) error {
 
 // ExclusiveBytes returns, for each path, the bytes stored only by that
 // volume: what deleting it would free. With btrfs quotas this is the
-// qgroup's exclusive count, so data a branch still shares with its source
-// costs it nothing; otherwise it is the allocated size of the files under
+// qgroup's exclusive count as of the last transaction commit (so data a
+// branch still shares with its source costs it nothing, and a read never
+// waits for anyone's writes: it asks for a commit in the background when
+// the last is older than usageFreshness); otherwise it is the allocated size of the files under
 // the path (du), which counts shared data once per volume.
 func (c *CoW) ExclusiveBytes(ctx context.Context, paths ...string) (map[string]int64, error) {
 	res := make(map[string]int64, len(paths))
 	var excl map[uint64]int64
 	if c.quota {
-		c.mu.Lock()
 		var err error
-		excl, err = qgroupExclusive(ctx, c.root)
-		c.mu.Unlock()
-		if err != nil {
+		if excl, err = qgroupExclusive(c.root); err != nil {
 			return nil, err
 		}
+		c.freshen()
 	}
 	for _, p := range paths {
 		if excl != nil && isSubvolume(p) {
@@ -296,9 +309,36 @@ func diskUsage(ctx context.Context, path string) (int64, error) {
 	return total, nil
 }
 
-// Unmount unmounts a loop-mounted store. The daemon never calls it (running
-// sandboxes use the store); tests and uninstall do.
+// freshen starts a commit of the store in the background (writeback and
+// a transaction commit, which updates qgroup counts) unless one is running
+// or the last ended less than usageFreshness ago.
+func (c *CoW) freshen() {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	if c.committing || time.Since(c.committed) < usageFreshness {
+		return
+	}
+	c.committing = true
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		if fd, err := unix.Open(c.root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
+			if err := unix.Syncfs(fd); err != nil {
+				c.log.Warn("commit cow store for usage", "err", err)
+			}
+			unix.Close(fd)
+		}
+		c.commitMu.Lock()
+		c.committing, c.committed = false, time.Now()
+		c.commitMu.Unlock()
+	}()
+}
+
+// Unmount unmounts a loop-mounted store (after any background commit).
+// The daemon never calls it (running sandboxes use the store); tests and
+// uninstall do.
 func (c *CoW) Unmount() error {
+	c.bg.Wait()
 	if c.backend != BackendBtrfsLoop {
 		return nil
 	}

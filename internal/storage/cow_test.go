@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -21,12 +22,18 @@ func needRoot(t *testing.T) {
 // it a loop-mounted btrfs image, and unmounts it at test end.
 func loopStore(t *testing.T) (*CoW, string) {
 	t.Helper()
+	return loopStoreSized(t, 2<<30)
+}
+
+// loopStoreSized is loopStore with a store of size bytes.
+func loopStoreSized(t *testing.T, size int64) (*CoW, string) {
+	t.Helper()
 	needRoot(t)
 	if !haveBtrfsTools() {
 		testenv.Skip(t, "btrfs-progs not installed")
 	}
 	dir := t.TempDir()
-	c, err := OpenCoW(context.Background(), dir, WithImageSize(2<<30), WithBackend(BackendBtrfsLoop))
+	c, err := OpenCoW(context.Background(), dir, WithImageSize(size), WithBackend(BackendBtrfsLoop))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,9 +136,17 @@ func TestExclusiveBytes(t *testing.T) {
 	branch := filepath.Join(c.Root(), volSandboxes, "b")
 	c.Snapshot(ctx, snap, branch, false)
 	os.WriteFile(filepath.Join(branch, "own"), bytes.Repeat([]byte{'y'}, 4<<20), 0o644)
-	got, err := c.ExclusiveBytes(ctx, src, snap, branch)
-	if err != nil {
-		t.Fatal(err)
+	// Counts are as of the last commit; a read asks for one in the
+	// background, so without any sync of ours they catch up.
+	var got map[string]int64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var err error
+		if got, err = c.ExclusiveBytes(ctx, src, snap, branch); err != nil {
+			t.Fatal(err)
+		}
+		if got[branch] >= 4<<20 || time.Now().After(deadline) {
+			break
+		}
 	}
 	t.Logf("exclusive: %v", got)
 	// The 8 MiB file is shared by all three: nobody owns it exclusively.
@@ -140,6 +155,42 @@ func TestExclusiveBytes(t *testing.T) {
 	}
 	if got[branch] < 4<<20 || got[branch] > 5<<20 {
 		t.Errorf("branch exclusive = %d, want ~4 MiB", got[branch])
+	}
+}
+
+// TestExclusiveBytesDoesNotWaitForWrites: a usage read while another
+// volume holds much unwritten data answers from the committed counts at
+// once; before, each read synced the whole store first and so waited for
+// every sandbox's writeback.
+func TestExclusiveBytesDoesNotWaitForWrites(t *testing.T) {
+	c, _ := loopStore(t)
+	ctx := context.Background()
+	busy, idle := filepath.Join(c.Root(), volSandboxes, "busy"), filepath.Join(c.Root(), volSandboxes, "idle")
+	c.Create(ctx, busy)
+	c.Create(ctx, idle)
+	if _, err := c.ExclusiveBytes(ctx, idle); err != nil {
+		t.Fatal(err)
+	}
+	c.bg.Wait() // the first read's background commit
+	f, err := os.Create(filepath.Join(busy, "dirty"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chunk := bytes.Repeat([]byte{'z'}, 1<<20)
+	for range 256 { // 256 MiB in the page cache, not yet written back
+		if _, err := f.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	if _, err := c.ExclusiveBytes(ctx, idle); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("usage read with 256 MiB dirty elsewhere: %v", took)
+	if took > 50*time.Millisecond {
+		t.Fatalf("usage read took %v: it waited for another volume's writeback", took)
 	}
 }
 

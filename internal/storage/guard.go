@@ -43,6 +43,35 @@ type SpaceGuard struct {
 	mu      sync.Mutex       // serialises Step; guards applied, capped
 	applied map[string]int64 // volume id -> limit last set
 	capped  map[string]bool  // volume id -> limit below its capacity
+
+	lastBalance time.Time // when TendMetadata last balanced; Run's goroutine only
+}
+
+// balanceEvery is the least time between two balances: one that did not
+// help is not retried at once (a balance reads and rewrites chunks).
+const balanceEvery = time.Minute
+
+// TendMetadata balances the store (CoW.Rebalance) when its btrfs metadata
+// has less than twice its reserve free, at most once per balanceEvery. It
+// reports, as an error, a balance that leaves metadata under its reserve.
+func (g *SpaceGuard) TendMetadata(ctx context.Context) error {
+	sp, err := g.o.cow.Space()
+	if err != nil || sp.Metadata == nil || sp.Metadata.Free >= 2*sp.Metadata.Reserve || time.Since(g.lastBalance) < balanceEvery {
+		return err
+	}
+	g.lastBalance = time.Now()
+	g.log.Warn("btrfs metadata low: balancing the store", "free", sp.Metadata.Free, "reserve", sp.Metadata.Reserve, "unallocated", sp.Metadata.Unallocated)
+	_, after, err := g.o.cow.Rebalance(ctx)
+	if after == nil {
+		return err
+	}
+	if after.Free < after.Reserve {
+		return errors.Join(fmt.Errorf("btrfs metadata still low after a balance: %d bytes free, reserve %d; free space in the store (delete sandboxes or snapshots)", after.Free, after.Reserve), err)
+	}
+	if err != nil {
+		g.log.Info("store balanced; some stages failed", "err", err)
+	}
+	return nil
 }
 
 // Guard returns o's space guard, keeping reserve bytes usable. Nil when the
@@ -64,6 +93,9 @@ func (g *SpaceGuard) Run(ctx context.Context, interval time.Duration) {
 	for {
 		if err := g.Step(ctx); err != nil && ctx.Err() == nil {
 			g.log.Warn("space guard", "err", err)
+		}
+		if err := g.TendMetadata(ctx); err != nil && ctx.Err() == nil {
+			g.log.Warn("space guard: btrfs metadata", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -110,7 +142,7 @@ func (g *SpaceGuard) Step(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	counts, err := qgroupCounts(ctx, g.o.cow.Root())
+	counts, err := qgroupCounts(g.o.cow.Root())
 	if err != nil {
 		return err
 	}

@@ -226,15 +226,22 @@ func (o *Overlays) RemoveCapture(ctx context.Context, snap string) error {
 // Usage is the exclusive bytes of sandboxes ids and captured snapshots
 // snaps (see CoW.ExclusiveBytes), keyed by id.
 func (o *Overlays) Usage(ctx context.Context, ids, snaps []string) (map[string]int64, error) {
-	paths := make([]string, 0, len(ids)+len(snaps))
 	key := map[string]string{}
 	for _, id := range ids {
-		p := o.volume(id)
-		paths, key[p] = append(paths, p), id
+		key[o.volume(id)] = id
 	}
 	for _, s := range snaps {
-		p := filepath.Dir(o.CaptureLayer(s))
-		paths, key[p] = append(paths, p), s
+		key[filepath.Dir(o.CaptureLayer(s))] = s
+	}
+	return o.exclusiveBytes(ctx, key)
+}
+
+// exclusiveBytes measures the volumes at the paths of key (path → id)
+// and returns their exclusive bytes by id.
+func (o *Overlays) exclusiveBytes(ctx context.Context, key map[string]string) (map[string]int64, error) {
+	paths := make([]string, 0, len(key))
+	for p := range key {
+		paths = append(paths, p)
 	}
 	got, err := o.cow.ExclusiveBytes(ctx, paths...)
 	if err != nil {

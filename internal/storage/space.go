@@ -30,6 +30,11 @@ func (c *CoW) Space() (protocol.StoreSpace, error) {
 		sp.Host = &h
 		sp.Usable = min(sp.Usable, h.Free)
 	}
+	if c.btrfs() {
+		if sp.Metadata, err = metadataSpace(c.root, st.Total); err != nil {
+			return protocol.StoreSpace{}, err
+		}
+	}
 	return sp, nil
 }
 
@@ -45,9 +50,10 @@ func statFS(path string) (protocol.FSSpace, error) {
 	}, nil
 }
 
-// Check is the store's health probe: an error when it has turned read-only
-// or has less than reserve bytes usable (the daemon must not create
-// sandboxes then), a warning (health.Warn) when under twice the reserve.
+// Check is the store's health probe: an error when it has turned read-only,
+// has less than reserve bytes usable or less btrfs metadata free than its
+// reserve (the daemon must not create sandboxes then), a warning
+// (health.Warn) when under twice either reserve.
 func (c *CoW) Check(reserve int64) func(context.Context) error {
 	return func(context.Context) error {
 		sp, err := c.Space()
@@ -61,8 +67,12 @@ func (c *CoW) Check(reserve int64) func(context.Context) error {
 			return fmt.Errorf("host filesystem of %s is read-only", c.image)
 		case sp.Usable < reserve:
 			return fmt.Errorf("%s usable, below the %s reserve", humanize.IBytes(uint64(max(sp.Usable, 0))), humanize.IBytes(uint64(reserve)))
+		case sp.Metadata != nil && sp.Metadata.Free < sp.Metadata.Reserve:
+			return fmt.Errorf("btrfs metadata low: %s free, below the %s reserve", humanize.IBytes(uint64(sp.Metadata.Free)), humanize.IBytes(uint64(sp.Metadata.Reserve)))
 		case sp.Usable < 2*reserve:
 			return health.Warn(fmt.Errorf("low space: %s usable (reserve %s)", humanize.IBytes(uint64(max(sp.Usable, 0))), humanize.IBytes(uint64(reserve))))
+		case sp.Metadata != nil && sp.Metadata.Free < 2*sp.Metadata.Reserve:
+			return health.Warn(fmt.Errorf("btrfs metadata low: %s free (reserve %s)", humanize.IBytes(uint64(sp.Metadata.Free)), humanize.IBytes(uint64(sp.Metadata.Reserve))))
 		}
 		return nil
 	}

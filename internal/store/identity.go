@@ -158,17 +158,20 @@ func (s *SQLite) ListWorkspaces(ctx context.Context) ([]*Workspace, error) {
 // in one transaction, unless something still lives in it.
 func (s *SQLite) DeleteWorkspace(ctx context.Context, id string) error {
 	return s.inTx(ctx, func(tx *sql.Tx) error {
-		var sandboxes, snapshots, admins int
+		var sandboxes, snapshots, volumes, admins int
 		err := tx.QueryRowContext(ctx, `SELECT
 			(SELECT COUNT(*) FROM sandboxes WHERE workspace_id=?),
 			(SELECT COUNT(*) FROM snapshots WHERE workspace_id=?),
-			(SELECT COUNT(*) FROM api_keys WHERE workspace_id=? AND instance_admin=1)`, id, id, id).Scan(&sandboxes, &snapshots, &admins)
+			(SELECT COUNT(*) FROM volumes WHERE workspace_id=?) + (SELECT COUNT(*) FROM volume_snapshots WHERE workspace_id=?),
+			(SELECT COUNT(*) FROM api_keys WHERE workspace_id=? AND instance_admin=1)`, id, id, id, id, id).Scan(&sandboxes, &snapshots, &volumes, &admins)
 		if err != nil {
 			return fmt.Errorf("count what workspace %s holds: %w", id, err)
 		}
 		switch {
 		case sandboxes > 0 || snapshots > 0:
 			return fmt.Errorf("workspace %s still has %d sandboxes and %d snapshots: %w", id, sandboxes, snapshots, errdefs.ErrConflict)
+		case volumes > 0:
+			return fmt.Errorf("workspace %s still has %d volumes and volume snapshots: %w", id, volumes, errdefs.ErrConflict)
 		case admins > 0:
 			return fmt.Errorf("workspace %s holds the instance admin key: %w", id, errdefs.ErrConflict)
 		}

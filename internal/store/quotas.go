@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -26,9 +25,10 @@ type Quota struct {
 //   - VCPUs and MemBytes sum the running ones (provisioning or ready), the
 //     statuses that hold CPU and memory;
 //   - StorageBytes sums the declared fs_capacity_bytes of the sandboxes
-//     counted in Sandboxes (declared, not measured: a sandbox may grow to
-//     its capacity at any time);
-//   - Snapshots counts every snapshot record (building, ready or failed).
+//     counted in Sandboxes and the size_bytes of the workspace's volumes
+//     (declared, not measured: either may grow to its size at any time);
+//   - Snapshots counts every snapshot record (building, ready or failed)
+//     and every volume snapshot.
 type Usage struct {
 	Sandboxes    int64
 	VCPUs        int64
@@ -66,7 +66,7 @@ func (s *SQLite) PutQuota(ctx context.Context, workspaceID string, q Quota) erro
 		VALUES(?,?,?,?,?,?) ON CONFLICT(workspace_id) DO UPDATE SET max_sandboxes=excluded.max_sandboxes, max_vcpus=excluded.max_vcpus,
 		max_mem_bytes=excluded.max_mem_bytes, max_storage_bytes=excluded.max_storage_bytes, max_snapshots=excluded.max_snapshots`,
 		workspaceID, nullInt(q.MaxSandboxes), nullInt(q.MaxVCPUs), nullInt(q.MaxMemBytes), nullInt(q.MaxStorageBytes), nullInt(q.MaxSnapshots))
-	if err != nil && strings.Contains(err.Error(), "FOREIGN KEY constraint failed") {
+	if isForeignKey(err) {
 		return fmt.Errorf("workspace %s: %w", workspaceID, errdefs.ErrNotFound)
 	}
 	if err != nil {
@@ -89,11 +89,11 @@ func (s *SQLite) WorkspaceUsage(ctx context.Context, workspaceID string) (Usage,
 		COUNT(*),
 		COALESCE(SUM(CASE WHEN status IN (?,?) THEN vcpus END), 0),
 		COALESCE(SUM(CASE WHEN status IN (?,?) THEN mem_bytes END), 0),
-		COALESCE(SUM(fs_capacity_bytes), 0),
-		(SELECT COUNT(*) FROM snapshots WHERE workspace_id=?)
+		COALESCE(SUM(fs_capacity_bytes), 0) + (SELECT COALESCE(SUM(size_bytes), 0) FROM volumes WHERE workspace_id=?),
+		(SELECT COUNT(*) FROM snapshots WHERE workspace_id=?) + (SELECT COUNT(*) FROM volume_snapshots WHERE workspace_id=?)
 		FROM sandboxes WHERE workspace_id=? AND status != ?`,
 		protocol.StatusProvisioning, protocol.StatusReady, protocol.StatusProvisioning, protocol.StatusReady,
-		workspaceID, workspaceID, protocol.StatusDeleting).
+		workspaceID, workspaceID, workspaceID, workspaceID, protocol.StatusDeleting).
 		Scan(&u.Sandboxes, &u.VCPUs, &u.MemBytes, &u.StorageBytes, &u.Snapshots)
 	if err != nil {
 		return u, fmt.Errorf("measure usage of workspace %s: %w", workspaceID, err)

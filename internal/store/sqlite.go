@@ -245,6 +245,61 @@ var migrations = []string{
 	// which workspace lookups and lists never show).
 	`ALTER TABLE snapshots ADD COLUMN packages TEXT NOT NULL DEFAULT '{}';
 	INSERT OR IGNORE INTO workspaces(id, name, created_at) VALUES('builtin', 'cubicle:builtin', '1970-01-01T00:00:00Z');`,
+	// 14: persistent volumes, their snapshots (which outlive the volume:
+	// no foreign key to it) and sandboxes' attachments of them, in order.
+	// An attachment goes with its sandbox; a volume with attachments
+	// cannot be deleted (the foreign key backs DeleteVolume's check).
+	`CREATE TABLE IF NOT EXISTS volumes (
+		id TEXT PRIMARY KEY,
+		workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+		created_by TEXT NOT NULL,
+		name TEXT NOT NULL,
+		size_bytes INTEGER NOT NULL,
+		from_snapshot_id TEXT NOT NULL DEFAULT '',
+		created_at TEXT NOT NULL,
+		UNIQUE(workspace_id, name)
+	);
+	CREATE TABLE IF NOT EXISTS volume_snapshots (
+		id TEXT PRIMARY KEY,
+		workspace_id TEXT NOT NULL REFERENCES workspaces(id),
+		created_by TEXT NOT NULL,
+		name TEXT NOT NULL,
+		volume_id TEXT NOT NULL,
+		volume_name TEXT NOT NULL,
+		size_bytes INTEGER NOT NULL,
+		created_at TEXT NOT NULL,
+		UNIQUE(workspace_id, name)
+	);
+	CREATE TABLE IF NOT EXISTS volume_attachments (
+		sandbox_id TEXT NOT NULL REFERENCES sandboxes(id) ON DELETE CASCADE,
+		position INTEGER NOT NULL,
+		volume_id TEXT NOT NULL REFERENCES volumes(id),
+		mount_path TEXT NOT NULL,
+		read_only INTEGER NOT NULL,
+		PRIMARY KEY (sandbox_id, position)
+	);
+	CREATE INDEX IF NOT EXISTS volume_attachments_volume ON volume_attachments(volume_id);`,
+	// 15: Docker inside a sandbox: the per-sandbox opt-in, and the
+	// snapshot's, which sandboxes created from it inherit.
+	`ALTER TABLE sandboxes ADD COLUMN docker INTEGER NOT NULL DEFAULT 0;
+	ALTER TABLE snapshots ADD COLUMN docker INTEGER NOT NULL DEFAULT 0;`,
+	// 16: data mounts: a sandbox's mount_config (spec §4.5) as validated at
+	// create, NULL for none; it is served again at every boot.
+	`ALTER TABLE sandboxes ADD COLUMN mount_config TEXT;`,
+	// 17: warm pools: how many pre-booted instances each snapshot keeps
+	// (and for how long), and the instances booted for them, so a
+	// restarted daemon tears down what its predecessor left.
+	`CREATE TABLE IF NOT EXISTS snapshot_pools (
+		snapshot_id TEXT PRIMARY KEY,
+		workspace_id TEXT NOT NULL,
+		size INTEGER NOT NULL,
+		max_age_seconds INTEGER NOT NULL
+	) WITHOUT ROWID;
+	CREATE TABLE IF NOT EXISTS pool_instances (
+		id TEXT PRIMARY KEY,
+		snapshot_id TEXT NOT NULL,
+		created_at TEXT NOT NULL
+	) WITHOUT ROWID;`,
 }
 
 // OpenSQLite opens (creating if needed) the database at path and migrates it.
@@ -332,18 +387,24 @@ func isUnique(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed")
 }
 
-const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag, start_cmd, ready_cmd, packages`
+// isForeignKey reports whether err is SQLite refusing a row whose
+// reference does not exist.
+func isForeignKey(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "FOREIGN KEY constraint failed")
+}
+
+const snapshotCols = `id, workspace_id, created_by, name, status, status_message, docker_image, image_digest, registry_id, fs_capacity_bytes, run_config, layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag, start_cmd, ready_cmd, packages, docker`
 
 // snapshotGet selects one snapshot with its run config (rows from before
 // migration 5 keep theirs inline in run_config).
 const snapshotGet = `SELECT s.id, s.workspace_id, s.created_by, s.name, s.status, s.status_message, s.docker_image, s.image_digest,
 	s.registry_id, s.fs_capacity_bytes, COALESCE(r.body, s.run_config), s.layers, s.created_at, s.updated_at, s.source_sandbox_id, s.run_config_id, s.proxy_config,
-	s.labels, s.tag, s.start_cmd, s.ready_cmd, s.packages FROM snapshots s LEFT JOIN run_configs r ON r.id = s.run_config_id`
+	s.labels, s.tag, s.start_cmd, s.ready_cmd, s.packages, s.docker FROM snapshots s LEFT JOIN run_configs r ON r.id = s.run_config_id`
 
 // snapshotList selects snapshots without their run configs or packages,
 // so a list costs the same whatever the images' Env.
 const snapshotList = `SELECT id, workspace_id, created_by, name, status, status_message, docker_image, image_digest,
-	registry_id, fs_capacity_bytes, '{}', layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag, start_cmd, ready_cmd, '{}' FROM snapshots`
+	registry_id, fs_capacity_bytes, '{}', layers, created_at, updated_at, source_sandbox_id, run_config_id, proxy_config, labels, tag, start_cmd, ready_cmd, '{}', docker FROM snapshots`
 
 // putRunConfig stores rc once by content and returns its id.
 func putRunConfig(ctx context.Context, tx *sql.Tx, rc protocol.RunConfig) (string, error) {
@@ -394,10 +455,10 @@ func (s *SQLite) CreateSnapshot(ctx context.Context, sn *Snapshot) error {
 				return fmt.Errorf("move tag %s:%s: %w", sn.Name, sn.Tag, err)
 			}
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		_, err = tx.ExecContext(ctx, `INSERT INTO snapshots(`+snapshotCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			sn.ID, sn.WorkspaceID, sn.CreatedBy, sn.Name, sn.Status, sn.StatusMessage, sn.DockerImage, sn.ImageDigest,
 			sn.RegistryID, sn.FSCapacityBytes, "{}", string(layers), fmtTime(sn.CreatedAt), fmtTime(sn.UpdatedAt), sn.SourceSandboxID, rcID,
-			nullJSON(sn.ProxyConfig), labelsJSON(sn.Labels), sn.Tag, sn.StartCmd, sn.ReadyCmd, labelsJSON(sn.Packages))
+			nullJSON(sn.ProxyConfig), labelsJSON(sn.Labels), sn.Tag, sn.StartCmd, sn.ReadyCmd, labelsJSON(sn.Packages), sn.Docker)
 		if err != nil {
 			return fmt.Errorf("insert snapshot %s: %w", sn.ID, err)
 		}
@@ -468,7 +529,7 @@ func scanSnapshot(row scanner) (*Snapshot, error) {
 	var labels, packages string
 	if err := row.Scan(&sn.ID, &sn.WorkspaceID, &sn.CreatedBy, &sn.Name, &sn.Status, &sn.StatusMessage, &sn.DockerImage,
 		&sn.ImageDigest, &sn.RegistryID, &sn.FSCapacityBytes, &rc, &layers, &created, &updated, &sn.SourceSandboxID, &rcID, &proxy,
-		&labels, &sn.Tag, &sn.StartCmd, &sn.ReadyCmd, &packages); err != nil {
+		&labels, &sn.Tag, &sn.StartCmd, &sn.ReadyCmd, &packages, &sn.Docker); err != nil {
 		return nil, err
 	}
 	if packages != "{}" {
@@ -676,7 +737,7 @@ func (s *SQLite) DeleteSnapshot(ctx context.Context, workspaceID, id string) err
 	})
 }
 
-const sandboxCols = `id, workspace_id, created_by, name, status, status_message, snapshot_id, runtime, vcpus, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, run_config, token, created_at, updated_at, stopped_at, proxy_config, last_active_at, preserve_memory_on_stop, labels, cpu_millicores, persistent`
+const sandboxCols = `id, workspace_id, created_by, name, status, status_message, snapshot_id, runtime, vcpus, mem_bytes, fs_capacity_bytes, idle_ttl_seconds, delete_after_stop_seconds, run_config, token, created_at, updated_at, stopped_at, proxy_config, last_active_at, preserve_memory_on_stop, labels, cpu_millicores, persistent, docker, mount_config`
 
 func nullRunConfig(rc *protocol.RunConfig) any {
 	if rc == nil {
@@ -709,18 +770,20 @@ func nullTime(t *time.Time) any {
 
 // CreateSandbox inserts a sandbox record; a name clash wraps ErrConflict.
 func (s *SQLite) CreateSandbox(ctx context.Context, sb *Sandbox) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
-		sb.ID, sb.WorkspaceID, sb.CreatedBy, sb.Name, sb.Status, sb.StatusMessage, sb.SnapshotID, sb.Runtime,
-		sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds,
-		nullRunConfig(sb.RunConfig), sb.Token, fmtTime(sb.CreatedAt), fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt),
-		nullJSON(sb.ProxyConfig), nullFixedTime(sb.LastActiveAt), sb.PreserveMemoryOnStop, labelsJSON(sb.Labels), sb.CPUMillicores, sb.Persistent)
-	if isUnique(err) {
-		return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
-	}
-	if err != nil {
-		return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
-	}
-	return nil
+	return s.inTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes(`+sandboxCols+`) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+			sb.ID, sb.WorkspaceID, sb.CreatedBy, sb.Name, sb.Status, sb.StatusMessage, sb.SnapshotID, sb.Runtime,
+			sb.VCPUs, sb.MemBytes, sb.FSCapacityBytes, sb.IdleTTLSeconds, sb.DeleteAfterStopSeconds,
+			nullRunConfig(sb.RunConfig), sb.Token, fmtTime(sb.CreatedAt), fmtTime(sb.UpdatedAt), nullTime(sb.StoppedAt),
+			nullJSON(sb.ProxyConfig), nullFixedTime(sb.LastActiveAt), sb.PreserveMemoryOnStop, labelsJSON(sb.Labels), sb.CPUMillicores, sb.Persistent, sb.Docker, nullJSON(sb.MountConfig))
+		if isUnique(err) {
+			return fmt.Errorf("sandbox name %q: %w", sb.Name, errdefs.ErrConflict)
+		}
+		if err != nil {
+			return fmt.Errorf("insert sandbox %s: %w", sb.ID, err)
+		}
+		return putAttachments(ctx, tx, sb.ID, sb.Volumes)
+	})
 }
 
 // UpdateSandbox rewrites the mutable fields of a sandbox record, except
@@ -747,12 +810,12 @@ func (s *SQLite) UpdateSandbox(ctx context.Context, sb *Sandbox) error {
 
 func scanSandbox(row scanner) (*Sandbox, error) {
 	var sb Sandbox
-	var rc, stopped, proxy, active sql.NullString
+	var rc, stopped, proxy, active, mounts sql.NullString
 	var created, updated, labels string
 	if err := row.Scan(&sb.ID, &sb.WorkspaceID, &sb.CreatedBy, &sb.Name, &sb.Status, &sb.StatusMessage, &sb.SnapshotID,
 		&sb.Runtime, &sb.VCPUs, &sb.MemBytes, &sb.FSCapacityBytes, &sb.IdleTTLSeconds, &sb.DeleteAfterStopSeconds,
 		&rc, &sb.Token, &created, &updated, &stopped, &proxy, &active, &sb.PreserveMemoryOnStop,
-		&labels, &sb.CPUMillicores, &sb.Persistent); err != nil {
+		&labels, &sb.CPUMillicores, &sb.Persistent, &sb.Docker, &mounts); err != nil {
 		return nil, err
 	}
 	if err := json.Unmarshal([]byte(labels), &sb.Labels); err != nil {
@@ -760,6 +823,9 @@ func scanSandbox(row scanner) (*Sandbox, error) {
 	}
 	if proxy.Valid {
 		sb.ProxyConfig = []byte(proxy.String)
+	}
+	if mounts.Valid {
+		sb.MountConfig = []byte(mounts.String)
 	}
 	if active.Valid {
 		t := parseTime(active.String)
@@ -781,12 +847,14 @@ func scanSandbox(row scanner) (*Sandbox, error) {
 
 // GetSandbox returns the sandbox called name in workspaceID.
 func (s *SQLite) GetSandbox(ctx context.Context, workspaceID, name string) (*Sandbox, error) {
-	return queryOne(ctx, s.db, "sandbox", scanSandbox, name, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=? AND name=?`, workspaceID, name)
+	sb, err := queryOne(ctx, s.db, "sandbox", scanSandbox, name, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=? AND name=?`, workspaceID, name)
+	return s.oneWithVolumes(ctx, sb, err)
 }
 
 // GetSandboxByID returns the sandbox with id, in any workspace.
 func (s *SQLite) GetSandboxByID(ctx context.Context, id string) (*Sandbox, error) {
-	return queryOne(ctx, s.db, "sandbox", scanSandbox, id, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id)
+	sb, err := queryOne(ctx, s.db, "sandbox", scanSandbox, id, `SELECT `+sandboxCols+` FROM sandboxes WHERE id=?`, id)
+	return s.oneWithVolumes(ctx, sb, err)
 }
 
 // ListSandboxes lists a workspace's sandboxes, oldest first.
@@ -795,12 +863,14 @@ func (s *SQLite) ListSandboxes(ctx context.Context, workspaceID string, o ListOp
 	if err != nil {
 		return nil, err
 	}
-	return queryAll(ctx, s.db, "sandboxes", scanSandbox, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
+	sbs, err := queryAll(ctx, s.db, "sandboxes", scanSandbox, `SELECT `+sandboxCols+` FROM sandboxes WHERE workspace_id=?`+clause, append([]any{workspaceID}, args...)...)
+	return s.withVolumes(ctx, sbs, err)
 }
 
 // AllSandboxes lists every sandbox of every workspace.
 func (s *SQLite) AllSandboxes(ctx context.Context) ([]*Sandbox, error) {
-	return queryAll(ctx, s.db, "sandboxes", scanSandbox, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at`)
+	sbs, err := queryAll(ctx, s.db, "sandboxes", scanSandbox, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY created_at`)
+	return s.withVolumes(ctx, sbs, err)
 }
 
 // LayerOwners implements Store.
@@ -864,4 +934,59 @@ func (s *SQLite) DeleteSandbox(ctx context.Context, id string) error {
 		return fmt.Errorf("delete sandbox %s: %w", id, err)
 	}
 	return nil
+}
+
+// PutPool records p, replacing snapshot p.SnapshotID's pool; size 0
+// removes it.
+func (s *SQLite) PutPool(ctx context.Context, p Pool) error {
+	var err error
+	if p.Size == 0 {
+		_, err = s.db.ExecContext(ctx, `DELETE FROM snapshot_pools WHERE snapshot_id=?`, p.SnapshotID)
+	} else {
+		_, err = s.db.ExecContext(ctx, `INSERT INTO snapshot_pools(snapshot_id, workspace_id, size, max_age_seconds) VALUES(?,?,?,?)
+			ON CONFLICT(snapshot_id) DO UPDATE SET size=excluded.size, max_age_seconds=excluded.max_age_seconds`,
+			p.SnapshotID, p.WorkspaceID, p.Size, p.MaxAgeSeconds)
+	}
+	if err != nil {
+		return fmt.Errorf("record pool of snapshot %s: %w", p.SnapshotID, err)
+	}
+	return nil
+}
+
+// ListPools returns every snapshot's pool, by snapshot id.
+func (s *SQLite) ListPools(ctx context.Context) ([]Pool, error) {
+	return queryAll(ctx, s.db, "pools", func(row scanner) (Pool, error) {
+		var p Pool
+		err := row.Scan(&p.SnapshotID, &p.WorkspaceID, &p.Size, &p.MaxAgeSeconds)
+		return p, err
+	}, `SELECT snapshot_id, workspace_id, size, max_age_seconds FROM snapshot_pools ORDER BY snapshot_id`)
+}
+
+// AddPoolInstance records pool instance i before anything of it exists.
+func (s *SQLite) AddPoolInstance(ctx context.Context, i PoolInstance) error {
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO pool_instances(id, snapshot_id, created_at) VALUES(?,?,?)`,
+		i.ID, i.SnapshotID, fmtTime(i.CreatedAt)); err != nil {
+		return fmt.Errorf("record pool instance %s: %w", i.ID, err)
+	}
+	return nil
+}
+
+// DeletePoolInstance forgets pool instance id (claimed or torn down); an
+// unknown id is not an error.
+func (s *SQLite) DeletePoolInstance(ctx context.Context, id string) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM pool_instances WHERE id=?`, id); err != nil {
+		return fmt.Errorf("forget pool instance %s: %w", id, err)
+	}
+	return nil
+}
+
+// ListPoolInstances returns the recorded pool instances, oldest first.
+func (s *SQLite) ListPoolInstances(ctx context.Context) ([]PoolInstance, error) {
+	return queryAll(ctx, s.db, "pool instances", func(row scanner) (PoolInstance, error) {
+		var i PoolInstance
+		var at string
+		err := row.Scan(&i.ID, &i.SnapshotID, &at)
+		i.CreatedAt = parseTime(at)
+		return i, err
+	}, `SELECT id, snapshot_id, created_at FROM pool_instances ORDER BY created_at`)
 }

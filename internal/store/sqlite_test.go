@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -289,6 +290,45 @@ func TestPreserveMemoryOnStopPersists(t *testing.T) {
 	}
 }
 
+// TestDockerOptInPersists: a sandbox's and a snapshot's docker flag are
+// stored on create and read back, in a get and a list.
+func TestDockerOptInPersists(t *testing.T) {
+	ctx := context.Background()
+	st := openTest(t, filepath.Join(t.TempDir(), "c.db"))
+	now := time.Now().UTC()
+	if err := st.EnsureWorkspace(ctx, Workspace{ID: "w", Name: "w", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	for _, sn := range []*Snapshot{
+		{ID: "s1", WorkspaceID: "w", Name: "with", Status: protocol.SnapshotReady, CreatedAt: now, UpdatedAt: now, Docker: true},
+		{ID: "s2", WorkspaceID: "w", Name: "without", Status: protocol.SnapshotReady, CreatedAt: now, UpdatedAt: now},
+	} {
+		if err := st.CreateSnapshot(ctx, sn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := st.GetSnapshot(ctx, "w", "s1"); err != nil || !got.Docker {
+		t.Fatalf("snapshot with docker: %+v, %v", got, err)
+	}
+	list, err := st.ListSnapshots(ctx, "w", ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sn := range list {
+		if sn.Docker != (sn.ID == "s1") {
+			t.Errorf("listed snapshot %s has docker %v", sn.ID, sn.Docker)
+		}
+	}
+	sb := &Sandbox{ID: "b1", WorkspaceID: "w", CreatedBy: "u", Name: "box", Status: protocol.StatusReady,
+		Token: "tok", CreatedAt: now, UpdatedAt: now, Docker: true}
+	if err := st.CreateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := st.GetSandboxByID(ctx, "b1"); err != nil || !got.Docker {
+		t.Fatalf("sandbox with docker: %+v, %v", got, err)
+	}
+}
+
 // TestPingReportsAHeldWriteLock: the health probe fails while another
 // process holds the database's write lock, and passes once it is released.
 func TestPingReportsAHeldWriteLock(t *testing.T) {
@@ -411,5 +451,84 @@ func TestLayerOwners(t *testing.T) {
 	}
 	if len(got) != 3 || !got["snap1"] || !got["sb1"] || !got["layer1"] {
 		t.Fatalf("owners %v", got)
+	}
+}
+
+// TestMountConfigPersists: a sandbox's mount_config is stored at create
+// and survives updates and a reopen; none reads back as nil.
+func TestMountConfigPersists(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "c.db")
+	st := openTest(t, path)
+	now := time.Now().UTC()
+	if err := st.EnsureWorkspace(ctx, Workspace{ID: "w", Name: "w", CreatedAt: now}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := `{"mounts":[{"id":"g","type":"git","mount_path":"/r","git":{"remote_url":"https://h/r"}}]}`
+	for _, sb := range []*Sandbox{
+		{ID: "b1", WorkspaceID: "w", CreatedBy: "u", Name: "box", Status: protocol.StatusReady, Token: "t", CreatedAt: now, UpdatedAt: now, MountConfig: []byte(cfg)},
+		{ID: "b2", WorkspaceID: "w", CreatedBy: "u", Name: "box2", Status: protocol.StatusReady, Token: "t", CreatedAt: now, UpdatedAt: now},
+	} {
+		if err := st.CreateSandbox(ctx, sb); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sb, _ := st.GetSandboxByID(ctx, "b1")
+	sb.Status = protocol.StatusStopped
+	if err := st.UpdateSandbox(ctx, sb); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	st = openTest(t, path)
+	if got, err := st.GetSandboxByID(ctx, "b1"); err != nil || string(got.MountConfig) != cfg {
+		t.Fatalf("b1 after update and reopen: %q, %v", got.MountConfig, err)
+	}
+	if got, err := st.GetSandboxByID(ctx, "b2"); err != nil || got.MountConfig != nil {
+		t.Fatalf("b2: %q, %v", got.MountConfig, err)
+	}
+}
+
+// Pools and pool instances are replaced, removed at size 0 and survive a
+// reopen (the daemon's restart finds its predecessor's instances).
+func TestPoolsAndInstances(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "db")
+	st := openTest(t, path)
+	if err := st.PutPool(ctx, Pool{SnapshotID: "s1", WorkspaceID: "w", Size: 3, MaxAgeSeconds: 60}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutPool(ctx, Pool{SnapshotID: "s1", WorkspaceID: "w", Size: 5}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutPool(ctx, Pool{SnapshotID: "s2", Size: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutPool(ctx, Pool{SnapshotID: "s2"}); err != nil {
+		t.Fatal(err)
+	}
+	at := time.Now().UTC().Truncate(time.Millisecond)
+	for _, id := range []string{"i1", "i2"} {
+		if err := st.AddPoolInstance(ctx, PoolInstance{ID: id, SnapshotID: "s1", CreatedAt: at}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.DeletePoolInstance(ctx, "i1"); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	st = openTest(t, path)
+	pools, err := st.ListPools(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []Pool{{SnapshotID: "s1", WorkspaceID: "w", Size: 5}}; !reflect.DeepEqual(pools, want) {
+		t.Fatalf("pools %+v, want %+v", pools, want)
+	}
+	inst, err := st.ListPoolInstances(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(inst) != 1 || inst[0].ID != "i2" || inst[0].SnapshotID != "s1" || !inst[0].CreatedAt.Equal(at) {
+		t.Fatalf("instances %+v", inst)
 	}
 }

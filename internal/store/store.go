@@ -145,6 +145,10 @@ type Snapshot struct {
 	// (nil for other snapshots, and in lists; UpdateSnapshot keeps the
 	// stored ones when nil).
 	Packages map[string]string
+	// Docker is the Docker-inside opt-in sandboxes created from the
+	// snapshot inherit (a captured snapshot keeps its source's); set at
+	// creation only.
+	Docker bool
 }
 
 // BuiltinWorkspace holds the instance's built-in snapshots (the default
@@ -193,6 +197,18 @@ type Sandbox struct {
 	// Persistent: filesystem writes survive a stop; a sandbox that is not
 	// persistent boots afresh from its snapshot on every start.
 	Persistent bool
+	// Volumes are the persistent volumes mounted into the sandbox, in
+	// mount order (never nil once read). CreateSandbox records them with
+	// the sandbox; SetSandboxVolumes replaces them; UpdateSandbox leaves
+	// them alone.
+	Volumes []VolumeAttachment
+	// Docker runs the sandbox with what Docker inside needs (see
+	// runtime.Spec.Docker); fixed at create.
+	Docker bool
+	// MountConfig is the sandbox's mount_config (spec §4.5) as sent and
+	// validated at create (raw JSON; nil for none). It never changes: the
+	// daemon serves the same mounts at every boot.
+	MountConfig []byte
 }
 
 // MilliCPUs is sb's CPU bandwidth in millicores (1000 = one core).
@@ -418,5 +434,36 @@ type Store interface {
 	// WorkspaceUsage measures what workspaceID holds against its quotas.
 	WorkspaceUsage(ctx context.Context, workspaceID string) (Usage, error)
 
+	VolumeStore
+	// PutPool replaces a snapshot's warm pool; size 0 removes it.
+	PutPool(ctx context.Context, p Pool) error
+	// ListPools returns every snapshot's warm pool.
+	ListPools(ctx context.Context) ([]Pool, error)
+	// AddPoolInstance records a pool instance before it is booted, so a
+	// restarted daemon finds and tears it down.
+	AddPoolInstance(ctx context.Context, i PoolInstance) error
+	// DeletePoolInstance forgets a pool instance (claimed or torn down).
+	DeletePoolInstance(ctx context.Context, id string) error
+	// ListPoolInstances returns the recorded pool instances, oldest first.
+	ListPoolInstances(ctx context.Context) ([]PoolInstance, error)
+
 	Close() error
+}
+
+// Pool is a snapshot's warm pool: Size pre-booted instances, each
+// recycled after MaxAgeSeconds (0: never).
+type Pool struct {
+	SnapshotID    string
+	WorkspaceID   string // the snapshot's
+	Size          int64
+	MaxAgeSeconds int64
+}
+
+// PoolInstance is one pre-booted instance of a pool. Its ID is the sandbox
+// id the record claiming it adopts (runtime, storage and network state
+// are keyed on it).
+type PoolInstance struct {
+	ID         string
+	SnapshotID string
+	CreatedAt  time.Time
 }

@@ -94,6 +94,8 @@ var (
 	descSpace  = prometheus.NewDesc("cubicle_store_space_bytes",
 		"Space of the copy-on-write store's filesystem (fs=store) and, for a loop image, of the host filesystem holding it (fs=host).", []string{"fs", "kind"}, nil)
 	descUsable = prometheus.NewDesc("cubicle_store_usable_bytes", "What the copy-on-write store can still take: the smaller of its own and its host filesystem's free space.", nil, nil)
+	descMeta   = prometheus.NewDesc("cubicle_store_metadata_bytes",
+		"The btrfs store's metadata space: kind=total (held by metadata chunks), used, free (what metadata can still take), unallocated (device space no chunk holds), reserve (the free the daemon keeps).", []string{"kind"}, nil)
 )
 
 // healthCollector reports the health checks and the store's space at
@@ -108,6 +110,7 @@ func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descHealth
 	ch <- descSpace
 	ch <- descUsable
+	ch <- descMeta
 }
 
 func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
@@ -135,6 +138,11 @@ func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
 		emit("host", *sp.Host)
 	}
 	ch <- prometheus.MustNewConstMetric(descUsable, prometheus.GaugeValue, float64(sp.Usable))
+	if m := sp.Metadata; m != nil {
+		for kind, n := range map[string]int64{"total": m.Total, "used": m.Used, "free": m.Free, "unallocated": m.Unallocated, "reserve": m.Reserve} {
+			ch <- prometheus.MustNewConstMetric(descMeta, prometheus.GaugeValue, float64(n), kind)
+		}
+	}
 }
 
 // WatchHealth registers cubicle_health_ok per check and the store's space

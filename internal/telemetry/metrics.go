@@ -34,6 +34,9 @@ type metrics struct {
 	pullBytes    prometheus.Counter
 	requests     *prometheus.CounterVec   // route, code
 	reqDuration  *prometheus.HistogramVec // route
+	poolClaims   *prometheus.CounterVec   // snapshot, result (hit, miss)
+	poolClaimDur prometheus.Histogram
+	poolReady    *prometheus.GaugeVec // snapshot
 }
 
 // durationBuckets span a fast exec (ms) to a slow image boot (a minute).
@@ -58,9 +61,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		pullBytes:    prometheus.NewCounter(prometheus.CounterOpts{Namespace: "cubicle", Name: "image_pull_bytes_total", Help: "Bytes of image layers pulled."}),
 		requests:     counter("http_requests_total", "API requests by route pattern and status code.", "route", "code"),
 		reqDuration:  hist("http_request_duration_seconds", "API request duration by route pattern.", "route"),
+		poolClaims:   counter("pool_claims_total", "Creates from a snapshot with a warm pool; result is hit (took a pool instance) or miss (booted cold).", "snapshot", "result"),
+		poolClaimDur: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "cubicle", Name: "pool_claim_duration_seconds",
+			Help: "Time to bind a claimed warm-pool instance to its record.", Buckets: durationBuckets}),
+		poolReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "cubicle", Name: "pool_ready_instances",
+			Help: "Warm-pool instances ready to be claimed, by snapshot."}, []string{"snapshot"}),
 	}
 	reg.MustRegister(m.opDuration, m.opErrors, m.execs, m.execDuration, m.execActive, m.egress, m.egressBytes,
-		m.pulls, m.pullBytes, m.requests, m.reqDuration)
+		m.pulls, m.pullBytes, m.requests, m.reqDuration, m.poolClaims, m.poolClaimDur, m.poolReady)
 	return m
 }
 
@@ -84,6 +92,23 @@ func (t *Telemetry) Phase(ctx context.Context, op, phase string, start, end time
 	t.m.opDuration.WithLabelValues(op, phase).Observe(end.Sub(start).Seconds())
 	_, span := t.tracer.Start(ctx, "boot."+phase, trace.WithTimestamp(start))
 	span.End(trace.WithTimestamp(end))
+}
+
+// PoolClaim implements sandbox.PoolObserver.
+func (t *Telemetry) PoolClaim(snapshot string, hit bool) {
+	result := "miss"
+	if hit {
+		result = "hit"
+	}
+	t.m.poolClaims.WithLabelValues(snapshot, result).Inc()
+}
+
+// PoolClaimed implements sandbox.PoolObserver.
+func (t *Telemetry) PoolClaimed(took time.Duration) { t.m.poolClaimDur.Observe(took.Seconds()) }
+
+// PoolSize implements sandbox.PoolObserver.
+func (t *Telemetry) PoolSize(snapshot string, ready int) {
+	t.m.poolReady.WithLabelValues(snapshot).Set(float64(ready))
 }
 
 // Exec counts a command sent over transport (http or ws) to sandbox

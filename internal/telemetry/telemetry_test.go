@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/health"
+	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -191,9 +192,10 @@ func TestHealthCollector(t *testing.T) {
 	)
 	tel.WatchHealth(checks, func() (protocol.StoreSpace, error) {
 		return protocol.StoreSpace{
-			Store:  protocol.FSSpace{Total: 100, Used: 40, Free: 60},
-			Host:   &protocol.FSSpace{Total: 1000, Used: 990, Free: 10},
-			Usable: 10,
+			Store:    protocol.FSSpace{Total: 100, Used: 40, Free: 60},
+			Host:     &protocol.FSSpace{Total: 1000, Used: 990, Free: 10},
+			Usable:   10,
+			Metadata: &protocol.MetadataSpace{Total: 50, Used: 20, Free: 25, Unallocated: 30, Reserve: 16},
 		}, nil
 	})
 	fams := gather(t, tel)
@@ -208,5 +210,35 @@ func TestHealthCollector(t *testing.T) {
 	}
 	if u := values(fams, "cubicle_store_usable_bytes"); u[""] != 10 {
 		t.Errorf("cubicle_store_usable_bytes = %v", u)
+	}
+	meta := values(fams, "cubicle_store_metadata_bytes")
+	for k, want := range map[string]float64{"kind=total": 50, "kind=used": 20, "kind=free": 25, "kind=unallocated": 30, "kind=reserve": 16} {
+		if meta[k] != want {
+			t.Errorf("cubicle_store_metadata_bytes{%s} = %v, want %v", k, meta[k], want)
+		}
+	}
+}
+
+func TestPoolMetrics(t *testing.T) {
+	tel := Discard()
+	var _ sandbox.PoolObserver = tel
+	tel.PoolClaim("sn1", true)
+	tel.PoolClaim("sn1", true)
+	tel.PoolClaim("sn1", false)
+	tel.PoolClaimed(3 * time.Millisecond)
+	tel.PoolSize("sn1", 4)
+	fams := gather(t, tel)
+	checks := map[string]map[string]float64{
+		"cubicle_pool_claims_total":           {"result=hit,snapshot=sn1": 2, "result=miss,snapshot=sn1": 1},
+		"cubicle_pool_claim_duration_seconds": {"": 1},
+		"cubicle_pool_ready_instances":        {"snapshot=sn1": 4},
+	}
+	for name, want := range checks {
+		got := values(fams, name)
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("%s{%s} = %v, want %v (all %v)", name, k, got[k], v, got)
+			}
+		}
 	}
 }

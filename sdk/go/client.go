@@ -43,6 +43,10 @@ type Client struct {
 	// consecutive exec reconnect attempt.
 	reconnectDelay func(n int) time.Duration
 
+	// header is added to every request, WebSocket handshakes included
+	// (WithHeader).
+	header http.Header
+
 	mu        sync.Mutex
 	dataplane map[string]string // sandbox name → dataplane_url
 }
@@ -62,6 +66,13 @@ func WithHTTPClient(hc *http.Client) Option {
 	}
 }
 
+// WithHeader adds a header to every request the Client sends, WebSocket
+// handshakes included: a front door names itself with it (X-Cubicle-Door).
+// The API key and User-Agent are the Client's own and cannot be replaced.
+func WithHeader(name, value string) Option {
+	return func(c *Client) { c.header.Add(name, value) }
+}
+
 // WithPollInterval sets how often WaitSnapshot and WaitSandbox poll
 // (default 1 s). The first poll is always immediate.
 func WithPollInterval(d time.Duration) Option {
@@ -70,6 +81,15 @@ func WithPollInterval(d time.Duration) Option {
 			c.pollInterval = d
 		}
 	}
+}
+
+// WithDoor makes every request (WebSocket handshakes included) name door
+// (protocol.DoorMCP, protocol.DoorE2B) in protocol.DoorHeader, so the
+// daemon records which front door a command or file transfer came
+// through. For programs that translate another protocol into this API; it
+// grants nothing.
+func WithDoor(door string) Option {
+	return WithHeader(protocol.DoorHeader, door)
 }
 
 // New returns a Client for endpoint (e.g. "http://127.0.0.1:8080") that
@@ -87,6 +107,7 @@ func New(endpoint, apiKey string, opts ...Option) *Client {
 		pollInterval:   time.Second,
 		reconnectDelay: defaultReconnectDelay,
 		dataplane:      map[string]string{},
+		header:         http.Header{},
 	}
 	for _, o := range opts {
 		o(c)
@@ -144,10 +165,19 @@ func (c *Client) do(ctx context.Context, method, target string, in, out any) err
 
 // send adds the headers every request carries and performs it.
 func (c *Client) send(req *http.Request) (*http.Response, error) {
-	req.Header.Set("X-Api-Key", c.apiKey)
-	req.Header.Set("User-Agent", "cubicle-go")
+	c.setHeaders(req.Header)
 	// Do's *url.Error already names the method and URL.
 	return c.http.Do(req)
+}
+
+// setHeaders sets on h the headers every request carries: WithHeader's
+// (the door among them), the key and the user agent.
+func (c *Client) setHeaders(h http.Header) {
+	for k, v := range c.header {
+		h[k] = append([]string(nil), v...)
+	}
+	h.Set("X-Api-Key", c.apiKey)
+	h.Set("User-Agent", "cubicle-go")
 }
 
 // escape encodes one path segment the way the official client does

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"strconv"
+	"strings"
 
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -127,4 +129,98 @@ func (c *Client) ReadFile(ctx context.Context, name, path string) (io.ReadCloser
 		return nil, fmt.Errorf("read %s in sandbox %q: %w", path, name, err)
 	}
 	return resp.Body, nil
+}
+
+// ReadFileAt reads at most n bytes of path in the sandbox from byte off
+// with an HTTP range request, and returns them with the file's size. An
+// off at or past the end gives no bytes. A server that ignores the range
+// still gives the right bytes (the skipped prefix is read and dropped);
+// the size is then its Content-Length, -1 if it sent none.
+func (c *Client) ReadFileAt(ctx context.Context, name, path string, off, n int64) ([]byte, int64, error) {
+	if off < 0 || n <= 0 {
+		return nil, 0, fmt.Errorf("read %s in sandbox %q: bad range %d+%d", path, name, off, n)
+	}
+	dp, err := c.dataplaneURL(ctx, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, dp+"/download?path="+url.QueryEscape(path), nil)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s in sandbox %q: %w", path, name, err)
+	}
+	req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", off, off+n-1))
+	resp, err := c.send(req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s in sandbox %q: %w", path, name, err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusRequestedRangeNotSatisfiable:
+		size, _ := rangeSize(resp.Header.Get("Content-Range"))
+		return nil, size, nil
+	case http.StatusPartialContent:
+		size, ok := rangeSize(resp.Header.Get("Content-Range"))
+		if !ok {
+			return nil, 0, fmt.Errorf("read %s in sandbox %q: bad Content-Range %q", path, name, resp.Header.Get("Content-Range"))
+		}
+		b, err := io.ReadAll(io.LimitReader(resp.Body, n))
+		if err != nil {
+			return nil, 0, fmt.Errorf("read %s in sandbox %q: %w", path, name, err)
+		}
+		return b, size, nil
+	}
+	if err := checkResponse(resp); err != nil {
+		return nil, 0, fmt.Errorf("read %s in sandbox %q: %w", path, name, err)
+	}
+	// A whole-file answer: skip to off, keep n.
+	if _, err := io.CopyN(io.Discard, resp.Body, off); err != nil && err != io.EOF {
+		return nil, 0, fmt.Errorf("read %s in sandbox %q: %w", path, name, err)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, n))
+	if err != nil {
+		return nil, 0, fmt.Errorf("read %s in sandbox %q: %w", path, name, err)
+	}
+	return b, resp.ContentLength, nil
+}
+
+// rangeSize is the complete length in a Content-Range header ("bytes
+// 0-9/42" or "bytes */42").
+func rangeSize(h string) (int64, bool) {
+	_, total, ok := strings.Cut(h, "/")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(total, 10, 64)
+	return n, err == nil && n >= 0
+}
+
+// Glob lists the entries under req.Path (absolute; "" is /) whose paths
+// match req.Pattern (`*`, `?`, `[...]`, `**` for any depth), as the
+// sandbox's run_config user sees them. Truncated marks an answer cut at
+// req.Limit or the server's cap.
+func (c *Client) Glob(ctx context.Context, name string, req protocol.GlobRequest) (*protocol.GlobResult, error) {
+	var out protocol.GlobResult
+	if err := c.search(ctx, name, "/glob", req, &out); err != nil {
+		return nil, fmt.Errorf("glob %s in sandbox %q: %w", req.Pattern, name, err)
+	}
+	return &out, nil
+}
+
+// Grep finds the lines containing the literal string req.Pattern in the
+// files under req.Path (optionally only those matching req.Glob).
+func (c *Client) Grep(ctx context.Context, name string, req protocol.GrepRequest) (*protocol.GrepResult, error) {
+	var out protocol.GrepResult
+	if err := c.search(ctx, name, "/grep", req, &out); err != nil {
+		return nil, fmt.Errorf("grep %q in sandbox %q: %w", req.Pattern, name, err)
+	}
+	return &out, nil
+}
+
+// search posts a glob or grep request to the sandbox's dataplane.
+func (c *Client) search(ctx context.Context, name, route string, req, out any) error {
+	dp, err := c.dataplaneURL(ctx, name)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, http.MethodPost, dp+route, req, out)
 }

@@ -55,6 +55,16 @@ type ExecRequest struct {
 	Rows, Cols int
 	Resize     <-chan WindowSize
 
+	// OnStart, when set, is called once with the command's process id
+	// (0 if the server did not say) when the server has started it,
+	// before any of its output is delivered.
+	OnStart func(pid int)
+	// Kill, when non-nil, kills the command when it is closed or
+	// receives; Exec then returns the exit code the server reports for
+	// the killed command (cancelling ctx kills too, but returns ctx's
+	// error).
+	Kill <-chan struct{}
+
 	// CommandID names the command on the server; reusing an id attaches to
 	// the existing command instead of starting a second one. Empty means a
 	// fresh UUIDv7.
@@ -117,7 +127,7 @@ type execSession struct {
 	id  string
 
 	outOff, errOff int64
-	acked          bool // some connection has answered "started"
+	acked          bool // some connection has answered "started" (OnStart was called then)
 	pumpsStarted   bool
 
 	mu         sync.Mutex
@@ -207,9 +217,13 @@ func (s *execSession) attempt(ctx, pumpCtx context.Context) (code int, progresse
 				continue // an ack for someone else's command: ignore, as the official client does
 			}
 			progressed = true
+			first := !s.acked
 			s.acked = true
 			binary = f.Encoding == protocol.EncodingBase64
 			s.setConn(conn, binary)
+			if first && s.req.OnStart != nil {
+				s.req.OnStart(f.PID)
+			}
 			s.startPumps(pumpCtx)
 		case protocol.FrameStdout, protocol.FrameStderr:
 			progressed = true
@@ -239,8 +253,7 @@ func (s *execSession) attempt(ctx, pumpCtx context.Context) (code int, progresse
 // failure, is worth retrying; any other status is final.
 func (s *execSession) dial(ctx context.Context) (*websocket.Conn, error) {
 	h := http.Header{}
-	h.Set("X-Api-Key", s.c.apiKey)
-	h.Set("User-Agent", "cubicle-go")
+	s.c.setHeaders(h)
 	conn, resp, err := websocket.Dial(ctx, s.url, &websocket.DialOptions{
 		HTTPClient: s.c.http,
 		HTTPHeader: h,
@@ -402,8 +415,8 @@ func (s *execSession) send(ctx context.Context, f protocol.ExecFrame, input []by
 	}
 }
 
-// startPumps starts, once, the goroutines that forward stdin and window
-// sizes. They run until their source ends or the session is over.
+// startPumps starts, once, the goroutines that forward stdin, window
+// sizes and a kill. They run until their source ends or the session is over.
 func (s *execSession) startPumps(ctx context.Context) {
 	if s.pumpsStarted {
 		return
@@ -411,6 +424,15 @@ func (s *execSession) startPumps(ctx context.Context) {
 	s.pumpsStarted = true
 	if s.req.Stdin != nil {
 		go s.pumpStdin(ctx)
+	}
+	if s.req.Kill != nil {
+		go func() {
+			select {
+			case <-ctx.Done():
+			case <-s.req.Kill:
+				_ = s.send(ctx, protocol.ExecFrame{Type: protocol.FrameKill}, nil)
+			}
+		}()
 	}
 	if s.req.PTY && s.req.Resize != nil {
 		go func() {

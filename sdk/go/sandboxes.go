@@ -49,6 +49,21 @@ func (c *Client) ListSandboxes(ctx context.Context, opts ListOptions) (*protocol
 	return &l, nil
 }
 
+// UpdateSandbox changes the sandbox called name (PATCH: absent fields are
+// left as they are) and returns it as it now is. A rename moves the cached
+// dataplane to the new name.
+func (c *Client) UpdateSandbox(ctx context.Context, name string, req protocol.UpdateSandboxRequest) (*protocol.Sandbox, error) {
+	var sb protocol.Sandbox
+	if err := c.do(ctx, http.MethodPatch, "/boxes/"+escape(name), req, &sb); err != nil {
+		return nil, fmt.Errorf("update sandbox %q: %w", name, err)
+	}
+	if sb.Name != name {
+		c.forgetDataplane(name)
+	}
+	c.rememberDataplane(&sb)
+	return &sb, nil
+}
+
 // DeleteSandbox deletes the sandbox called name and forgets its dataplane.
 func (c *Client) DeleteSandbox(ctx context.Context, name string) error {
 	c.forgetDataplane(name)

@@ -87,3 +87,24 @@ func (c *Client) WaitSnapshot(ctx context.Context, id string, onProgress func(pr
 		}
 	}
 }
+
+// SetSnapshotPool keeps size pre-booted instances of snapshot id (or
+// name) for creates to claim, each recycled after maxAgeSeconds (0:
+// never); size 0 removes the pool. It takes a workspace admin.
+func (c *Client) SetSnapshotPool(ctx context.Context, id string, size, maxAgeSeconds int64) (*protocol.SnapshotPool, error) {
+	var out protocol.SnapshotPool
+	req := protocol.SetSnapshotPoolRequest{Size: size, MaxAgeSeconds: maxAgeSeconds}
+	if err := c.do(ctx, http.MethodPut, "/snapshots/"+escape(id)+"/pool", req, &out); err != nil {
+		return nil, fmt.Errorf("set pool of snapshot %q: %w", id, err)
+	}
+	return &out, nil
+}
+
+// SnapshotPool returns snapshot id's warm pool (size 0: none).
+func (c *Client) SnapshotPool(ctx context.Context, id string) (*protocol.SnapshotPool, error) {
+	var out protocol.SnapshotPool
+	if err := c.do(ctx, http.MethodGet, "/snapshots/"+escape(id)+"/pool", nil, &out); err != nil {
+		return nil, fmt.Errorf("get pool of snapshot %q: %w", id, err)
+	}
+	return &out, nil
+}

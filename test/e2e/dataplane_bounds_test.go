@@ -26,25 +26,34 @@ const (
 	globRSSBound = 32 << 20
 )
 
-// daemonMem returns a field (VmHWM, VmRSS) of the daemon's
-// /proc/<pid>/status in bytes.
+// daemonMem is field (VmRSS, VmHWM, …) of the daemon's /proc status, in
+// bytes.
 func daemonMem(t *testing.T, d *daemon, field string) int64 {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid))
+	n, err := procBytes(fmt.Sprintf("/proc/%d/status", d.cmd.Process.Pid), field)
 	if err != nil {
 		t.Fatal(err)
+	}
+	return n
+}
+
+// procBytes reads the "field: N kB" line of a /proc file (status,
+// meminfo, smaps_rollup) as bytes.
+func procBytes(path, field string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			if err != nil {
-				t.Fatal(err)
+				return 0, fmt.Errorf("%s %s: %w", path, field, err)
 			}
-			return kb << 10
+			return kb << 10, nil
 		}
 	}
-	t.Fatalf("no %s in the daemon's status", field)
-	return 0
+	return 0, fmt.Errorf("no %s in %s", field, path)
 }
 
 // TestExecOutputBounded: a command printing 512 MiB through the HTTP

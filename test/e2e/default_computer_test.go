@@ -102,6 +102,8 @@ func TestDefaultComputer(t *testing.T) {
 		`test "$(id -un)" = user && test "$PWD" = /home/user && sudo -n true && test "$(sudo -n id -u)" = 0`,
 		`locale | grep -q 'LANG=C.UTF-8' && python -c 'print("\u00e9")'`,
 		`jq --version && unzip -v >/dev/null && less --version >/dev/null && wget --version >/dev/null && curl --version >/dev/null`,
+		// The build's dpkg ran without fsync; the image's does not.
+		`! grep -rqs unsafe-io /etc/dpkg/dpkg.cfg /etc/dpkg/dpkg.cfg.d`,
 	} {
 		mustRun(t, d.Client, sb.Name, cmd)
 	}
@@ -127,7 +129,7 @@ func TestDefaultComputer(t *testing.T) {
 }
 
 // builtinDefault finds the built-in "default" in the snapshot list.
-func builtinDefault(t *testing.T, c *cubicle.Client) protocol.Snapshot {
+func builtinDefault(t testing.TB, c *cubicle.Client) protocol.Snapshot {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

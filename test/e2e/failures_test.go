@@ -119,7 +119,7 @@ func waitStopEvent(t *testing.T, c *cubicle.Client, name string, within time.Dur
 // TestSandboxProcessKilled kills, from outside, each process a sandbox
 // lives on while an exec is pending in it: gVisor's Sentry (the runsc
 // sandbox process), its gofer, the agent (PID 1, crashed by a SIGABRT
-// sent through runsc),
+// and killed by a SIGKILL, both sent through runsc),
 // and the namespace sandbox's PID 1. Each time the pending exec ends
 // promptly with an error, the sandbox is marked stopped with the reason,
 // start brings it back with its files, and a neighbour keeps running.
@@ -130,11 +130,15 @@ func TestSandboxProcessKilled(t *testing.T) {
 		kill          func(t *testing.T, d *daemon, rid string)
 		cause         string // in the status message
 	}
-	runscKill := func(t *testing.T, d *daemon, rid string) {
-		_, runsc := binaries(t)
-		root := filepath.Join(d.dataDir, "runtime", "gvisor", "runsc")
-		if out, err := exec.Command(runsc, "--root", root, "kill", rid, "ABRT").CombinedOutput(); err != nil {
-			t.Fatalf("runsc kill: %v %s", err, out)
+	// runscKill sends the agent (PID 1 inside the Sentry, no host
+	// process of its own) sig through runsc.
+	runscKill := func(sig string) func(t *testing.T, d *daemon, rid string) {
+		return func(t *testing.T, d *daemon, rid string) {
+			_, runsc := binaries(t)
+			root := filepath.Join(d.dataDir, "runtime", "gvisor", "runsc")
+			if out, err := exec.Command(runsc, "--root", root, "kill", rid, sig).CombinedOutput(); err != nil {
+				t.Fatalf("runsc kill: %v %s", err, out)
+			}
 		}
 	}
 	for _, v := range []victim{
@@ -144,7 +148,8 @@ func TestSandboxProcessKilled(t *testing.T) {
 		{"gvisor", "gofer", func(t *testing.T, _ *daemon, rid string) {
 			killPID(t, "gofer", hostProcs("runsc-gofer", "gofer", rid))
 		}, "its gofer (the runsc process serving its files) died"},
-		{"gvisor", "agent", runscKill, "its PID 1 (the agent) exited: exit status 2"},
+		{"gvisor", "agent", runscKill("ABRT"), "its PID 1 (the agent) exited: exit status 2"},
+		{"gvisor", "agent-kill9", runscKill("KILL"), "its PID 1 (the agent) was killed by signal 9"},
 		{"namespace", "pid1", func(t *testing.T, _ *daemon, rid string) {
 			killPID(t, "pid 1", []int{namespacePID1(t, rid)})
 		}, "exited unexpectedly"},

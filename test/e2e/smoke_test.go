@@ -29,15 +29,26 @@ func npmDirVersion(t *testing.T, v string, withWS bool) string {
 	if v != "0.10" {
 		name += "-" + v // 0.10 keeps its old cache directory
 	}
+	return npmPackages(t, name, pkgs...)
+}
+
+// npmPackages returns .cache/<name> with the npm packages pkgs
+// ("name@version") installed, installing them on first use; the first
+// package's directory marks the cache as complete.
+func npmPackages(t *testing.T, name string, pkgs ...string) string {
 	dir := filepath.Join(repoRoot(t), ".cache", name)
+	first := pkgs[0]
+	if i := strings.LastIndex(first, "@"); i > 0 {
+		first = first[:i]
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", first)); err == nil {
+		return dir
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "langsmith")); err == nil {
-		return dir
-	}
 	if _, err := exec.LookPath("npm"); err != nil {
-		t.Fatalf("npm is required for the official-client test: %v", err)
+		t.Fatalf("npm is required for the official-client tests: %v", err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "package.json"), []byte(`{"name":"cubicle-conformance","private":true,"type":"module"}`), 0o644); err != nil {
 		t.Fatal(err)

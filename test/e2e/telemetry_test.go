@@ -91,7 +91,7 @@ func tracedRequest(t *testing.T, method, url, tid string, body any) (int, []byte
 }
 
 // scrape GETs url with key (none if "") and parses the Prometheus text.
-func scrape(t *testing.T, url, key string) (int, map[string]*dto.MetricFamily) {
+func scrape(t testing.TB, url, key string) (int, map[string]*dto.MetricFamily) {
 	t.Helper()
 	req, _ := http.NewRequest("GET", url, nil)
 	if key != "" {

@@ -55,6 +55,7 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 			t.Errorf("upper file content %q", b)
 		}
 	})
+	t.Run("MountsAreBound", func(t *testing.T) { testMounts(t, env, newDriver(t)) })
 	t.Run("NetFilesAreTheSandboxsOwn", func(t *testing.T) { testNetFiles(t, env, newDriver(t)) })
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, env, newDriver(t)) })
 	t.Run("SandboxesDoNotSeeEachOther", func(t *testing.T) {

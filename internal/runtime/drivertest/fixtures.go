@@ -30,7 +30,7 @@ import (
 // lower layer, and the agent binary.
 type Env struct {
 	Base  string // lower layer
-	Agent string // host path of a static cubicle binary
+	Agent string // host path of the static in-sandbox binary (cmd/cubicle-agent), as sandboxes get it
 }
 
 // agentBuild caches the agent binary per test binary: building it takes
@@ -57,8 +57,8 @@ func NewEnv(tb testing.TB) *Env {
 			agentBuild.err = err
 			return
 		}
-		agentBuild.path = filepath.Join(dir, "cubicle")
-		cmd := exec.Command("go", "build", "-o", agentBuild.path, "github.com/cubicle-dev/cubicle/cmd/cubicle")
+		agentBuild.path = filepath.Join(dir, "cubicle-agent")
+		cmd := exec.Command("go", "build", "-o", agentBuild.path, "github.com/cubicle-dev/cubicle/cmd/cubicle-agent")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			agentBuild.err = fmt.Errorf("%v\n%s", err, out)

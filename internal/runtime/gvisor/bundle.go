@@ -19,6 +19,8 @@ const (
 	configFile  = "config.json"
 	runscLog    = "runsc.log"
 	consoleFile = "console.log"
+	// pidFile is where runsc writes the Sentry's pid at start (--pid-file).
+	pidFile = "sandbox.pid"
 )
 
 // cpuPeriod is the CFS period, in microseconds, against which MilliCPUs is
@@ -66,12 +68,22 @@ func writeBundle(dir string, spec runtime.Spec, saved *savedSpec) error {
 func ociSpec(spec runtime.Spec, saved *savedSpec) *specs.Spec {
 	caps := append([]string(nil), rootCapabilities...)
 	tmpfs, rl := tmpfsMounts(spec), rlimits(spec.Limits)
+	var other []specs.Mount
+	var annotations map[string]string
+	if spec.Docker {
+		caps = append(caps, dockerCapabilities...)
+		var dt []specs.Mount
+		dt, other = dockerMounts(spec.Limits)
+		tmpfs = append(tmpfs, dt...)
+		annotations = map[string]string{dockerAnnotation: "true"}
+	}
 	if saved != nil {
 		tmpfs, rl = saved.Tmpfs, saved.Rlimits
 	}
 	return &specs.Spec{
-		Version: specs.Version,
-		Root:    &specs.Root{Path: spec.RootFS},
+		Version:     specs.Version,
+		Annotations: annotations,
+		Root:        &specs.Root{Path: spec.RootFS},
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
 			Args: []string{runtime.AgentMountPath, "agent"},
@@ -85,7 +97,7 @@ func ociSpec(spec runtime.Spec, saved *savedSpec) *specs.Spec {
 			Rlimits: rl,
 		},
 		Hostname: spec.Hostname,
-		Mounts:   append(mounts(spec.AgentBinary), tmpfs...),
+		Mounts:   append(append(append(mounts(spec.AgentBinary), tmpfs...), other...), binds(spec.Mounts)...),
 		Linux: &specs.Linux{
 			CgroupsPath: "/cubicle/" + spec.ID,
 			Resources:   resources(spec.ID, spec.Limits),
@@ -126,6 +138,19 @@ func mounts(agentBinary string) []specs.Mount {
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		{Destination: runtime.AgentMountPath, Type: "bind", Source: agentBinary, Options: ro},
 	}
+}
+
+// binds are spec's host directories; the gofer serves them like the root.
+func binds(ms []runtime.Mount) []specs.Mount {
+	out := make([]specs.Mount, 0, len(ms))
+	for _, m := range ms {
+		mode := "rw"
+		if m.ReadOnly {
+			mode = "ro"
+		}
+		out = append(out, specs.Mount{Destination: m.Target, Type: "bind", Source: m.Source, Options: []string{"rbind", mode, "nosuid", "nodev"}})
+	}
+	return out
 }
 
 // tmpfsMounts are the sandbox's writable tmpfs mounts, each of

@@ -20,7 +20,8 @@ var _ runtime.Checkpointer = (*Driver)(nil)
 //
 // Checkpoint stops the sandbox inside the Sentry (Pause), saves it with
 // `runsc checkpoint --leave-running` (which leaves a paused sandbox
-// paused) and returns with it still paused, for Resume.
+// paused) and returns with it still paused, for Resume. Suspend saves it
+// with a plain `runsc checkpoint`, which ends it.
 //
 // Restore runs `runsc restore --image-path` on a fresh bundle. gVisor
 // re-opens the root filesystem by path through the new bundle's gofer, so
@@ -44,6 +45,24 @@ const (
 // Checkpoint saves sandbox id's memory image into dir and returns with the
 // sandbox paused (see runtime.Checkpointer); call Resume afterwards.
 func (d *Driver) Checkpoint(ctx context.Context, id, dir string) error {
+	return d.save(ctx, id, dir, true)
+}
+
+// Suspend saves sandbox id's memory image into dir and lets runsc end the
+// sandbox with the save (see runtime.Checkpointer); call Stop afterwards.
+// It leaves suspendedFile in the bundle, so that Stop does not signal a
+// sandbox that is gone.
+func (d *Driver) Suspend(ctx context.Context, id, dir string) error {
+	return d.save(ctx, id, dir, false)
+}
+
+// suspendedFile marks a bundle whose sandbox ended with its checkpoint.
+const suspendedFile = "cubicle-suspended"
+
+// save writes dir's driver files and runs `runsc checkpoint`: with
+// leaveRunning, of the paused sandbox (it stays paused); without, of the
+// running one, which the save ends.
+func (d *Driver) save(ctx context.Context, id, dir string, leaveRunning bool) error {
 	if !idPattern.MatchString(id) {
 		return fmt.Errorf("checkpoint sandbox %q: malformed id: %w", id, errdefs.ErrInvalid)
 	}
@@ -62,10 +81,22 @@ func (d *Driver) Checkpoint(ctx context.Context, id, dir string) error {
 	if err := os.WriteFile(filepath.Join(dir, savedFile), b, 0o600); err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
-	if err := d.Pause(ctx, id); err != nil {
-		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
+	args := []string{"checkpoint", "--image-path", dir}
+	if leaveRunning {
+		if err := d.Pause(ctx, id); err != nil {
+			return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
+		}
+		args = append(args, "--leave-running")
 	}
-	if _, err := d.run(ctx, "checkpoint", "--image-path", dir, "--leave-running", id); err != nil {
+	_, err = d.run(ctx, append(args, id)...)
+	if !leaveRunning {
+		// Marked even on failure: a failed save may have ended it too,
+		// and Stop's delete --force ends it in any case.
+		if merr := os.WriteFile(filepath.Join(bundle, suspendedFile), nil, 0o600); merr != nil && err == nil {
+			err = merr
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
 	return nil
@@ -100,11 +131,14 @@ func bundleConfig(bundle string) (*specs.Spec, error) {
 type savedSpec struct {
 	Tmpfs   []specs.Mount       `json:"tmpfs"`
 	Rlimits []specs.POSIXRlimit `json:"rlimits"`
+	// Docker is the source's runtime.Spec.Docker: its processes hold the
+	// capabilities and sockets it granted, so the restore keeps it.
+	Docker bool `json:"docker,omitempty"`
 }
 
 // savedSpecOf picks what a restore must keep from a source's OCI config.
 func savedSpecOf(cfg *specs.Spec) savedSpec {
-	saved := savedSpec{Tmpfs: []specs.Mount{}, Rlimits: cfg.Process.Rlimits}
+	saved := savedSpec{Tmpfs: []specs.Mount{}, Rlimits: cfg.Process.Rlimits, Docker: cfg.Annotations[dockerAnnotation] == "true"}
 	for _, m := range cfg.Mounts {
 		if m.Type == "tmpfs" && m.Destination != "/dev" {
 			saved.Tmpfs = append(saved.Tmpfs, m)

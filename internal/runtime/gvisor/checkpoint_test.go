@@ -106,3 +106,41 @@ func readCounter(t *testing.T, s *sandbox) int {
 	}
 	return n
 }
+
+// TestSuspendEndsSandbox: Suspend saves a running sandbox and ends it (no
+// Sentry left, PID 0), Stop then tears it down without signalling it, and
+// the image restores on the same rootfs with /tmp as it was.
+func TestSuspendEndsSandbox(t *testing.T) {
+	requireEnv(t)
+	d := newDriver(t)
+	s := startSandbox(t, d, runtime.Limits{MemBytes: 256 << 20})
+	ctx := context.Background()
+	s.sh(t, `echo kept > /tmp/mark`)
+	pid, err := d.PID(ctx, s.id)
+	if err != nil || pid == 0 {
+		t.Fatalf("PID before the suspend: %d %v", pid, err)
+	}
+	img := t.TempDir()
+	if err := d.Suspend(ctx, s.id, img); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for unix.Kill(pid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("the Sentry (pid %d) still runs after Suspend", pid)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := d.Stop(ctx, s.id); err != nil {
+		t.Fatalf("Stop after Suspend: %v", err)
+	}
+	spec := s.spec
+	if err := d.Restore(ctx, spec, img); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Stop(context.Background(), spec.ID) })
+	waitReady(t, s)
+	if got := strings.TrimSpace(s.sh(t, `cat /tmp/mark`)); got != "kept" {
+		t.Fatalf("/tmp/mark after the restore: %q", got)
+	}
+}

@@ -17,12 +17,16 @@
 package gvisor
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -197,6 +201,9 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) er
 	if err != nil {
 		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
+	if saved != nil {
+		spec.Docker = saved.Docker
+	}
 	if err := writeBundle(dir, spec, saved); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
@@ -206,7 +213,7 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) er
 	undo.Push(func(context.Context) error { return restoreNetConfig(dir) })
 	// runsc may have created part of the sandbox before failing.
 	undo.Push(func(ctx context.Context) error { return d.destroy(ctx, spec.ID) })
-	if err := d.runDetached(ctx, spec.ID, dir, image, spec.Token); err != nil {
+	if err := d.runDetached(ctx, spec, dir, image); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", spec.ID, err)
 	}
 	if spec.Limits.MemBytes > 0 {
@@ -231,8 +238,8 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) er
 // With image set it runs `runsc restore --image-path image --detach`
 // instead, which starts the sandbox from a checkpoint; the restored agent
 // already has its token.
-func (d *Driver) runDetached(ctx context.Context, id, dir, image, token string) error {
-	stdin, err := runtime.TokenPipe(token)
+func (d *Driver) runDetached(ctx context.Context, spec runtime.Spec, dir, image string) error {
+	stdin, err := runtime.TokenPipe(spec.Token)
 	if err != nil {
 		return err
 	}
@@ -245,22 +252,7 @@ func (d *Driver) runDetached(ctx context.Context, id, dir, image, token string) 
 	defer console.Close()
 
 	logPath := filepath.Join(dir, runscLog)
-	args := []string{"--log", logPath, "--log-format=text"}
-	if d.debugDir != "" {
-		args = append(args, "--debug", "--debug-log", filepath.Join(d.debugDir, id)+"/")
-	} else {
-		// The Sentry's own log at info level (a few dozen lines), which
-		// says why it exits (see ExitCause).
-		args = append(args, "--debug-log", filepath.Join(dir, sentryLog), "--debug-command=boot")
-	}
-	verb := "run"
-	if image != "" {
-		verb = "restore"
-		args = append(args, verb, "--image-path", image)
-	} else {
-		args = append(args, verb)
-	}
-	args = append(args, "--detach", "--bundle", dir, id)
+	args, verb := d.launchArgs(spec, dir, image)
 	cmd, cancel := d.command(ctx, args...)
 	defer cancel()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, console, console
@@ -271,6 +263,34 @@ func (d *Driver) runDetached(ctx context.Context, id, dir, image, token string) 
 		return fmt.Errorf("runsc %s: %w: %s", verb, err, failureReason(logPath, consolePath))
 	}
 	return nil
+}
+
+// launchArgs are runDetached's runsc arguments (after the global flags)
+// and its subcommand.
+func (d *Driver) launchArgs(spec runtime.Spec, dir, image string) (args []string, verb string) {
+	args = []string{"--log", filepath.Join(dir, runscLog), "--log-format=text"}
+	if d.debugDir != "" {
+		args = append(args, "--debug", "--debug-log", filepath.Join(d.debugDir, spec.ID)+"/")
+	} else {
+		// The Sentry's and the gofer's own logs at info level (a few
+		// dozen lines each), which say why the sandbox ended (see
+		// ExitCause); runsc names each file for its command.
+		args = append(args, "--debug-log", filepath.Join(dir, "%COMMAND%.log"), "--debug-command=boot,gofer")
+	}
+	if spec.Docker {
+		// Sandbox-wide settings the Sentry takes at boot (and a restore
+		// again); the later subcommands (state, kill, checkpoint) talk
+		// to it and need not repeat them.
+		args = append(args, dockerFlags...)
+	}
+	verb = "run"
+	if image != "" {
+		verb = "restore"
+		args = append(args, verb, "--image-path", image)
+	} else {
+		args = append(args, verb)
+	}
+	return append(args, "--detach", "--pid-file", filepath.Join(dir, pidFile), "--bundle", dir, spec.ID), verb
 }
 
 // Stop kills every process of sandbox id, gives its netns back the
@@ -295,9 +315,12 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 // destroy kills and deletes runsc's container id, tolerating an id runsc
 // does not know, then makes sure no process or cgroup of id survives. The
 // kill is best effort: delete --force kills the sandbox anyway, the kill
-// only makes processes die before their sandbox does.
+// only makes processes die before their sandbox does, and a sandbox that
+// Suspend ended has none left.
 func (d *Driver) destroy(ctx context.Context, id string) error {
-	_, _ = d.run(ctx, "kill", "--all", id, "KILL")
+	if _, err := os.Stat(filepath.Join(d.bundleDir(id), suspendedFile)); err != nil {
+		_, _ = d.run(ctx, "kill", "--all", id, "KILL")
+	}
 	if _, err := d.run(ctx, "delete", "--force", id); err != nil && !isNotExist(err) {
 		return err
 	}
@@ -326,6 +349,9 @@ func (d *Driver) PID(ctx context.Context, id string) (int, error) {
 	if !idPattern.MatchString(id) {
 		return 0, fmt.Errorf("sandbox %q: malformed id: %w", id, errdefs.ErrInvalid)
 	}
+	if pid, ok := d.pidFromFile(id); ok {
+		return pid, nil
+	}
 	out, err := d.run(ctx, "state", id)
 	if err != nil {
 		if isNotExist(err) {
@@ -345,6 +371,42 @@ func (d *Driver) PID(ctx context.Context, id string) (int, error) {
 	return st.Pid, nil
 }
 
+// pidFromFile answers PID without a runsc subprocess (~10 ms, on every
+// boot's watcher) from the pid runsc wrote at start: the process is the
+// sandbox's while it lives with argv[0] runsc-sandbox and this bundle on
+// its command line (a reused pid has neither), else the sandbox is gone.
+// ok is false when there is no pid file (a sandbox started by an older
+// daemon): ask runsc.
+func (d *Driver) pidFromFile(id string) (pid int, ok bool) {
+	b, err := os.ReadFile(filepath.Join(d.bundleDir(id), pidFile))
+	if err != nil {
+		return 0, false
+	}
+	pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return 0, false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return 0, true // exited
+	}
+	args := strings.Split(string(cmdline), "\x00")
+	if args[0] != "runsc-sandbox" || !slices.Contains(args, "--bundle="+d.bundleDir(id)) {
+		return 0, true // the pid is another process's now
+	}
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err == nil && zombie(st) {
+		return 0, true
+	}
+	return pid, true
+}
+
+// zombie reports whether /proc/<pid>/stat content st is of a process that
+// exited and awaits its reaper.
+func zombie(st []byte) bool {
+	i := bytes.LastIndexByte(st, ')')
+	return i >= 0 && i+2 < len(st) && st[i+2] == 'Z'
+}
+
 // validate checks what Start needs from spec before touching anything.
 func validate(spec runtime.Spec) error {
 	if !idPattern.MatchString(spec.ID) {
@@ -357,6 +419,9 @@ func validate(spec runtime.Spec) error {
 		if _, err := os.Stat(p); err != nil {
 			return fmt.Errorf("start sandbox %s: %s: %w: %w", spec.ID, what, errdefs.ErrInvalid, err)
 		}
+	}
+	if err := runtime.ValidateMounts(spec.Mounts); err != nil {
+		return fmt.Errorf("start sandbox %s: %w: %w", spec.ID, errdefs.ErrInvalid, err)
 	}
 	return nil
 }

@@ -112,6 +112,14 @@ func TestStartStop(t *testing.T) {
 	if ok, err := d.Running(ctx, s.id); err != nil || !ok {
 		t.Fatalf("Running = %v, %v; want true", ok, err)
 	}
+	// PID answers from runsc's pid file what runsc state says.
+	var state containerState
+	if out, err := d.run(ctx, "state", s.id); err != nil || json.Unmarshal(out, &state) != nil {
+		t.Fatalf("runsc state: %s %v", out, err)
+	}
+	if pid, ok := d.pidFromFile(s.id); !ok || pid != state.Pid {
+		t.Fatalf("pid from the pid file %d (%v), runsc state %d", pid, ok, state.Pid)
+	}
 	// A new Driver on the same state dir (a restarted daemon) re-adopts.
 	d2, err := New(d.runsc, d.stateDir)
 	if err != nil {

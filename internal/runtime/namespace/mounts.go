@@ -41,7 +41,8 @@ func (m *detachedMounts) close() {
 var hostDevices = [...]string{"null", "zero", "full", "random", "urandom", "tty"}
 
 // hostMounts builds every detached mount init needs: the idmapped rootfs,
-// the agent binary (read-only, from d's copy) and the device nodes.
+// the agent binary (read-only, from d's copy), spec's binds (idmapped like
+// the rootfs) and the device nodes.
 // resolv.conf and hosts are files of the rootfs (runtime.WriteNetFiles), not
 // host files: bound in, they let the sandbox write past its quota onto the
 // host's disk.
@@ -57,6 +58,20 @@ func (d *Driver) hostMounts(spec runtime.Spec, usernsFD int) (*detachedMounts, e
 		return m, err
 	}
 	m.add(agent, runtime.AgentMountPath, true)
+	for _, bind := range spec.Mounts {
+		fd, err := idmapTree(bind.Source, usernsFD)
+		if err != nil {
+			return m, err
+		}
+		m.add(fd, bind.Target, false)
+		attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV}
+		if bind.ReadOnly {
+			attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
+		}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+			return m, fmt.Errorf("mount_setattr %s: %w", bind.Target, err)
+		}
+	}
 	for _, dev := range hostDevices {
 		src := "/dev/" + dev
 		fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)

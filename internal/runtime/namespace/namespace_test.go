@@ -2,6 +2,7 @@ package namespace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/drivertest"
 )
@@ -199,4 +201,24 @@ func field(status, key string) string {
 		}
 	}
 	return ""
+}
+
+// TestStartRefusesDocker: Docker inside is refused up front (it would
+// need the host's own CAP_SYS_ADMIN), leaving no state.
+func TestStartRefusesDocker(t *testing.T) {
+	d, err := New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "0123456789abcdef0123456789abcdef"
+	err = d.Start(context.Background(), runtime.Spec{ID: id, RootFS: "/", AgentBinary: "/bin/true", NetNS: "/proc/self/ns/net", Docker: true})
+	if !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("start with docker: %v, want ErrInvalid", err)
+	}
+	if _, err := os.Stat(d.dir(id)); !os.IsNotExist(err) {
+		t.Errorf("state dir left after the refusal: %v", err)
+	}
+	if _, ok := any(d).(runtime.DockerHost); ok {
+		t.Error("the namespace driver claims to host Docker")
+	}
 }

@@ -30,6 +30,14 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	if spec.RootFS == "" || spec.AgentBinary == "" || spec.NetNS == "" {
 		return fmt.Errorf("start %s: rootfs, agent binary and netns are required: %w", spec.ID, errdefs.ErrInvalid)
 	}
+	if err := runtime.ValidateMounts(spec.Mounts); err != nil {
+		return fmt.Errorf("start %s: %w: %w", spec.ID, errdefs.ErrInvalid, err)
+	}
+	if spec.Docker {
+		// Docker inside would need the host kernel's own CAP_SYS_ADMIN
+		// and overlay mounts: no longer a sandbox.
+		return fmt.Errorf("start %s: the namespace runtime cannot run Docker inside a sandbox: %w", spec.ID, errdefs.ErrInvalid)
+	}
 	if ok, err := d.Running(ctx, spec.ID); err != nil || ok {
 		if err == nil {
 			err = errdefs.ErrConflict

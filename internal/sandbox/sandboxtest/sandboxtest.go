@@ -36,6 +36,8 @@ type Storage struct {
 	limits  map[string]int64
 	// MountErr, when set, fails every Mount.
 	MountErr error
+	// VolumeErr, when set, fails every CreateVolume.
+	VolumeErr error
 }
 
 // NewStorage returns a Storage under root.
@@ -146,9 +148,7 @@ func (s *Storage) Reset(_ context.Context, id string) error {
 
 // Limit implements sandbox.Storage; it records the limit and enforces nothing.
 func (s *Storage) Limit(_ context.Context, id string, bytes int64) (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.limits[id] = bytes
+	s.setLimit(id, bytes)
 	return false, nil
 }
 
@@ -281,6 +281,10 @@ type Driver struct {
 	CheckpointErr error
 	// RestoreErr, when set, fails every Restore.
 	RestoreErr error
+	// IdentityErr, when set, fails every SetIdentity.
+	IdentityErr error
+	// PIDHook, when set, runs at the start of every PID.
+	PIDHook func(id string)
 
 	mu     sync.Mutex
 	boxes  map[string]*instance
@@ -289,11 +293,12 @@ type Driver struct {
 }
 
 type instance struct {
-	spec     runtime.Spec
-	srv      *http.Server
-	proc     *exec.Cmd
-	agent    *Agent
-	restored bool
+	spec      runtime.Spec
+	machineID string
+	srv       *http.Server
+	proc      *exec.Cmd
+	agent     *Agent
+	restored  bool
 }
 
 // NewDriver returns a Driver whose agents listen on a free port.
@@ -309,6 +314,12 @@ func NewDriver() (*Driver, error) {
 
 // Name implements runtime.Driver.
 func (d *Driver) Name() string { return "fake" }
+
+var _ runtime.DockerHost = (*Driver)(nil)
+
+// DockerInside implements runtime.DockerHost: the fake records
+// Spec.Docker (see Spec) and grants nothing.
+func (d *Driver) DockerInside() string { return "nothing (fake)" }
 
 // Start implements runtime.Driver.
 func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
@@ -406,9 +417,12 @@ func (d *Driver) List(context.Context) ([]string, error) {
 
 // PID implements runtime.Driver.
 func (d *Driver) PID(_ context.Context, id string) (int, error) {
+	if d.PIDHook != nil {
+		d.PIDHook(id)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if in := d.boxes[id]; in != nil {
+	if in := d.boxes[id]; in != nil && !d.killed[id] {
 		return in.proc.Process.Pid, nil
 	}
 	return 0, nil
@@ -496,6 +510,12 @@ func (d *Driver) Checkpoint(_ context.Context, id, dir string) error {
 	return os.WriteFile(filepath.Join(dir, imageToken), []byte(in.agent.Token()), 0o600)
 }
 
+// Suspend implements runtime.Checkpointer as Checkpoint does: the fake's
+// Stop ends the instance either way.
+func (d *Driver) Suspend(ctx context.Context, id, dir string) error {
+	return d.Checkpoint(ctx, id, dir)
+}
+
 // Restore implements runtime.Checkpointer.
 func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, dir string) error {
 	if d.RestoreErr != nil {
@@ -506,6 +526,33 @@ func (d *Driver) Restore(ctx context.Context, spec runtime.Spec, dir string) err
 		return fmt.Errorf("fake restore: %w", err)
 	}
 	return d.start(ctx, spec, string(tok), true)
+}
+
+// SetIdentity implements runtime.Identifier: the instance's spec takes
+// hostname, and machineID is recorded (Identity reports both).
+func (d *Driver) SetIdentity(_ context.Context, id, hostname, machineID string) error {
+	if d.IdentityErr != nil {
+		return d.IdentityErr
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in := d.boxes[id]
+	if in == nil {
+		return fmt.Errorf("fake driver: %s is not running", id)
+	}
+	in.spec.Hostname, in.machineID = hostname, machineID
+	return nil
+}
+
+// Identity is instance id's hostname and the machine-id SetIdentity gave
+// it ("" before).
+func (d *Driver) Identity(id string) (hostname, machineID string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if in := d.boxes[id]; in != nil {
+		return in.spec.Hostname, in.machineID
+	}
+	return "", ""
 }
 
 // Agent is a fake agent: it answers the agent API's health, activity and

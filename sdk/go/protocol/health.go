@@ -30,6 +30,24 @@ type StoreSpace struct {
 	Store  FSSpace  `json:"store"`
 	Host   *FSSpace `json:"host,omitempty"`
 	Usable int64    `json:"usable_bytes"`
+	// Metadata is the btrfs store's metadata space (absent on other
+	// backends).
+	Metadata *MetadataSpace `json:"metadata,omitempty"`
+}
+
+// MetadataSpace is a btrfs store's metadata space, in bytes: Total is held
+// by metadata chunks, Used of it in use, Unallocated is device space no
+// chunk holds yet, and Free is what metadata can still take (the free part
+// of its chunks less the kernel's global reserve, plus what a new chunk
+// could take of Unallocated). A btrfs out of metadata turns read-only
+// however much data space it has left; Reserve is the Free the daemon keeps
+// (below it, health fails and the store is balanced).
+type MetadataSpace struct {
+	Total       int64 `json:"total_bytes"`
+	Used        int64 `json:"used_bytes"`
+	Free        int64 `json:"free_bytes"`
+	Unallocated int64 `json:"unallocated_bytes"`
+	Reserve     int64 `json:"reserve_bytes"`
 }
 
 // FSSpace is what one filesystem holds and has left, in bytes. ReadOnly is

@@ -110,6 +110,10 @@ type Snapshot struct {
 	// ReadyCmd, the sandbox is ready only once ReadyCmd exits 0.
 	StartCmd string `json:"start_cmd,omitempty"`
 	ReadyCmd string `json:"ready_cmd,omitempty"`
+	// Docker (a Cubicle extension): sandboxes created from the snapshot
+	// run with Docker inside (see Sandbox.Docker) unless their create
+	// says otherwise.
+	Docker bool `json:"docker,omitempty"`
 }
 
 // SnapshotTag is one tag published under a snapshot name.
@@ -156,6 +160,14 @@ type Sandbox struct {
 	// Persistent: filesystem writes survive a stop. A sandbox that is not
 	// boots from its snapshot afresh on every start.
 	Persistent bool `json:"persistent"`
+	// Volumes are the sandbox's volume attachments (as of its next start
+	// when changed while it runs).
+	Volumes []VolumeAttachment `json:"volumes,omitempty"`
+	// Docker (a Cubicle extension, gvisor only): the sandbox runs with
+	// what dockerd needs inside (raw and packet sockets, the
+	// capabilities of a container host, a tmpfs /var/lib/docker), so
+	// `docker run` and `docker build` work in it.
+	Docker bool `json:"docker"`
 }
 
 // CreateSnapshotRequest is the body of POST /snapshots (spec S1).
@@ -214,8 +226,10 @@ type CreateSandboxRequest struct {
 	// and header injection, enforced by the daemon's egress proxy. Its
 	// shape is ProxyConfig.
 	ProxyConfig json.RawMessage `json:"proxy_config,omitempty"`
-	// MountConfig (spec §4.5) is sent by the clients; Cubicle has no
-	// bucket or git mounts, so a request with one is refused (422).
+	// MountConfig (spec §4.5): S3, GCS and git mounts the daemon serves
+	// into the sandbox, with their credentials (kept by the daemon). Its
+	// shape is checked by the server (internal/mounts); contexthub mounts
+	// are refused.
 	MountConfig json.RawMessage `json:"mount_config,omitempty"`
 	// AccessDelegation is accepted and checked but grants nothing yet:
 	// Cubicle gives code in a sandbox no control-plane credential.
@@ -236,9 +250,15 @@ type CreateSandboxRequest struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Persistent (default true): filesystem writes survive a stop.
 	Persistent *bool `json:"persistent,omitempty"`
+	// Docker asks for Docker inside (see Sandbox.Docker); absent, the
+	// snapshot's setting applies.
+	Docker *bool `json:"docker,omitempty"`
 	// TagValueIDs (LangSmith resource tags) are not supported: a
 	// non-empty list is refused.
 	TagValueIDs []string `json:"tag_value_ids,omitempty"`
+	// Volumes are persistent volumes of the workspace mounted into the
+	// sandbox (a Cubicle extension; see volumes.go).
+	Volumes []VolumeAttachment `json:"volumes,omitempty"`
 }
 
 // StartSandboxRequest is the optional body of POST /boxes/{name}/start.
@@ -279,13 +299,16 @@ type UpdateSandboxRequest struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// TagValueIDs: as on create, a non-empty list is refused.
 	TagValueIDs []string `json:"tag_value_ids,omitempty"`
+	// Volumes, when present, replace the sandbox's volume attachments
+	// ([] detaches all); they take effect at its next start.
+	Volumes *[]VolumeAttachment `json:"volumes,omitempty"`
 }
 
 // Empty reports whether the request changes nothing.
 func (r UpdateSandboxRequest) Empty() bool {
 	return r.Name == nil && r.IdleTTLSeconds == nil && r.DeleteAfterStopSeconds == nil && r.PreserveMemoryOnStop == nil &&
 		r.RunConfig == nil && (len(r.ProxyConfig) == 0 || string(r.ProxyConfig) == "null") && !r.Resizes() &&
-		r.Labels == nil && len(r.TagValueIDs) == 0
+		r.Labels == nil && len(r.TagValueIDs) == 0 && r.Volumes == nil
 }
 
 // Resizes reports whether the request changes the sandbox's resources.
@@ -344,6 +367,34 @@ type GrepRequest struct {
 	Path    string `json:"path"`
 	Glob    string `json:"glob,omitempty"`
 	Limit   int    `json:"limit,omitempty"`
+}
+
+// GlobMatch is one entry a glob found; Path is absolute.
+type GlobMatch struct {
+	Path       string     `json:"path"`
+	IsDir      bool       `json:"is_dir"`
+	SizeBytes  int64      `json:"size_bytes"`
+	ModifiedAt *time.Time `json:"modified_at,omitempty"`
+}
+
+// GlobResult is the answer to a GlobRequest; Truncated marks that the
+// limit (or the server's cap on the answer) cut it short.
+type GlobResult struct {
+	Matches   []GlobMatch `json:"matches"`
+	Truncated bool        `json:"truncated"`
+}
+
+// GrepMatch is one line a grep found; Line is 1-based.
+type GrepMatch struct {
+	Path string `json:"path"`
+	Line int    `json:"line"`
+	Text string `json:"text"`
+}
+
+// GrepResult is the answer to a GrepRequest, truncated as for GlobResult.
+type GrepResult struct {
+	Matches   []GrepMatch `json:"matches"`
+	Truncated bool        `json:"truncated"`
 }
 
 // SandboxList is the body of GET /boxes.
@@ -503,4 +554,21 @@ type ValidationItem struct {
 // ValidationBody is a 422 body.
 type ValidationBody struct {
 	Detail []ValidationItem `json:"detail"`
+}
+
+// SnapshotPool is a snapshot's warm pool: Size pre-booted instances that
+// creates from the snapshot claim instead of booting, each recycled after
+// MaxAgeSeconds (0: never). Ready is how many are up now.
+type SnapshotPool struct {
+	SnapshotID    string `json:"snapshot_id"`
+	Size          int64  `json:"size"`
+	MaxAgeSeconds int64  `json:"max_age_seconds"`
+	Ready         int    `json:"ready"`
+}
+
+// SetSnapshotPoolRequest is the body of PUT …/snapshots/{id}/pool; size
+// 0 removes the pool.
+type SetSnapshotPoolRequest struct {
+	Size          int64 `json:"size"`
+	MaxAgeSeconds int64 `json:"max_age_seconds,omitempty"`
 }
