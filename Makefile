@@ -4,7 +4,7 @@ BIN         := bin
 GOFLAGS_BIN := CGO_ENABLED=0
 PKGS        := ./...
 
-.PHONY: build test unit e2e bench run lint fuzz soak clean proto FORCE
+.PHONY: build guest-kernel test unit e2e bench run lint fuzz soak clean proto FORCE
 
 build: $(BIN)/cubicle $(BIN)/cubicle-agent $(BIN)/runsc $(BIN)/buildkitd $(BIN)/buildctl
 
@@ -43,6 +43,15 @@ $(BIN)/versitygw: tools/versitygw/go.mod tools/versitygw/go.sum
 $(BIN)/fake-gcs-server: tools/fakegcs/go.mod tools/fakegcs/go.sum
 	cd tools/fakegcs && $(GOFLAGS_BIN) $(GO) build -o ../../$(BIN)/fake-gcs-server github.com/fsouza/fake-gcs-server
 
+# The microVM runtime's guest kernel (internal/runtime/microvm), built from
+# Debian's linux-source package with tools/guestkernel/microvm.config and
+# cached per machine under /var/cache/cubicle/guest-kernel: the first build
+# takes about 20 CPU-minutes, later ones are a copy.
+guest-kernel: $(BIN)/vmlinux
+
+$(BIN)/vmlinux: tools/guestkernel/microvm.config tools/guestkernel/build.sh
+	tools/guestkernel/build.sh $@
+
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 lint:
@@ -52,7 +61,7 @@ lint:
 
 # Packages run one at a time (-p 1): several of them program the host's
 # nftables and network namespaces.
-test: build $(TEST_SERVERS) lint
+test: build guest-kernel $(TEST_SERVERS) lint
 	$(GO) test -p 1 -count=1 -timeout 40m $(PKGS)
 	$(MAKE) fuzz
 

@@ -1,6 +1,7 @@
 // Command cubicle-agent is what runs inside a sandbox, bound read-only at
 // /.cubicle/cubicle: PID 1 (`agent`), sudo (when run by that name) and
-// `set-identity`, the same roles as in the cubicle binary. It exists
+// `set-identity`, the same roles as in the cubicle binary, and a microVM
+// guest's /init (see package guest). It exists
 // because a sandbox's boot waits for PID 1 to answer, and under gVisor
 // every page the Go runtime and the package inits touch is a fault the
 // Sentry serves: this binary is a twelfth of cubicle's size and answers
@@ -18,9 +19,13 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/runtime/microvm/guest"
 )
 
 func main() {
+	if guest.IsInit() {
+		guest.Run()
+	}
 	if filepath.Base(os.Args[0]) == "sudo" {
 		os.Exit(agent.SudoMain(os.Args[1:]))
 	}

@@ -8,9 +8,13 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/cli"
+	"github.com/cubicle-dev/cubicle/internal/runtime/microvm/guest"
 )
 
 func main() {
+	if guest.IsInit() {
+		guest.Run()
+	}
 	if filepath.Base(os.Args[0]) == "sudo" {
 		// Inside a sandbox, sudo is this binary (see agent.SudoMain).
 		os.Exit(agent.SudoMain(os.Args[1:]))

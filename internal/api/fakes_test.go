@@ -386,6 +386,7 @@ func (f *fakeSandboxes) ListStats(ctx context.Context) ([]protocol.SandboxStats,
 	return out, nil
 }
 func (f *fakeSandboxes) Runtime() string        { return "fake-runtime" }
+func (f *fakeSandboxes) RuntimeAccel() string   { return "" }
 func (f *fakeSandboxes) StorageBackend() string { return "fake-storage" }
 
 // fakeImages is an image store with fixed contents.

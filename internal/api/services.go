@@ -64,6 +64,7 @@ type Sandboxes interface {
 	CleanLeftovers(ctx context.Context) ([]protocol.Leftover, error)
 
 	Runtime() string
+	RuntimeAccel() string
 	StorageBackend() string
 }
 

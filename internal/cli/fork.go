@@ -187,7 +187,11 @@ func newInfoCmd() *cobra.Command {
 				return err
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintf(w, "runtime\t%s\nstorage\t%s\nstatus\t%s\n", in.Runtime, in.Storage, in.Status)
+			rt := in.Runtime
+			if in.Accelerator != "" {
+				rt += " (" + in.Accelerator + ")"
+			}
+			fmt.Fprintf(w, "runtime\t%s\nstorage\t%s\nstatus\t%s\n", rt, in.Storage, in.Status)
 			for _, r := range in.Reasons {
 				fmt.Fprintf(w, "  problem\t%s\n", r)
 			}

@@ -32,6 +32,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/registry"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/gvisor"
+	"github.com/cubicle-dev/cubicle/internal/runtime/microvm"
 	"github.com/cubicle-dev/cubicle/internal/runtime/namespace"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/internal/secrets"
@@ -51,6 +52,9 @@ type serveFlags struct {
 	publicURL          string
 	runtime            string
 	runsc              string
+	qemu               string
+	guestKernel        string
+	microvmAccel       string
 	insecureRegistries []string
 	debug              bool
 	serviceDomain      string
@@ -172,7 +176,10 @@ func newServeCmd() *cobra.Command {
 	fl.IntVar(&f.rateLimit.Burst, "rate-burst", f.rateLimit.Burst, "requests an API key may send at once before --rate-limit applies")
 	fl.StringVar(&f.dataDir, "data-dir", "/var/lib/cubicle", "directory for state, images and sandbox filesystems")
 	fl.StringVar(&f.publicURL, "public-url", "", "externally reachable base URL (default http://<listen>)")
-	fl.StringVar(&f.runtime, "runtime", "gvisor", "sandbox runtime: gvisor or namespace")
+	fl.StringVar(&f.runtime, "runtime", "gvisor", "sandbox runtime: gvisor, microvm (QEMU microVMs, each its own kernel) or namespace (trusted work only)")
+	fl.StringVar(&f.qemu, "qemu", "", "microvm: path of qemu-system-x86_64 (default: PATH)")
+	fl.StringVar(&f.guestKernel, "guest-kernel", "", "microvm: the guest kernel, from make guest-kernel (default: $CUBICLE_GUEST_KERNEL, then vmlinux next to cubicle)")
+	fl.StringVar(&f.microvmAccel, "microvm-accel", "", "microvm: kvm or tcg (default: kvm when a probe boot under it is quick, else tcg)")
 	fl.StringVar(&f.runsc, "runsc", "", "path of runsc (default: next to cubicle, then PATH)")
 	fl.StringSliceVar(&f.insecureRegistries, "insecure-registry", nil, "HOST[:PORT] of a registry reached over plain HTTP (repeatable)")
 	fl.StringVar(&f.imageMaxBytes, "image-max-bytes", "", "cap on what one image pull or load unpacks to, e.g. 20GiB (default: half the image store's free space at pull time)")
@@ -285,13 +292,6 @@ func serve(ctx context.Context, f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	driver, err := newDriver(f)
-	if err != nil {
-		return err
-	}
-	if dh, ok := driver.(runtime.DockerHost); ok {
-		log.Info("Docker inside a sandbox on opt-in (docker: true)", "grants", dh.DockerInside())
-	}
 	self, err := os.Executable()
 	if err != nil {
 		return fmt.Errorf("locate own binary for the agent: %w", err)
@@ -301,6 +301,16 @@ func serve(ctx context.Context, f serveFlags) error {
 	}
 	agentBin := agentBinary(self)
 	log.Info("agent binary", "path", agentBin)
+	driver, err := newDriver(ctx, f, agentBin)
+	if err != nil {
+		return err
+	}
+	if dh, ok := driver.(runtime.DockerHost); ok {
+		log.Info("Docker inside a sandbox on opt-in (docker: true)", "grants", dh.DockerInside())
+	}
+	if vm, ok := driver.(*microvm.Driver); ok {
+		log.Info("microVM runtime", "accelerator", vm.Accel())
+	}
 	box, err := secrets.LoadOrCreate(filepath.Join(f.dataDir, "secrets.key"))
 	if err != nil {
 		return err
@@ -510,7 +520,7 @@ func serveE2B(ln net.Listener, f serveFlags, public string, loop *http.Client, l
 	return srv
 }
 
-func newDriver(f serveFlags) (runtime.Driver, error) {
+func newDriver(ctx context.Context, f serveFlags, agentBin string) (runtime.Driver, error) {
 	stateDir := filepath.Join(f.dataDir, "runtime", f.runtime)
 	switch f.runtime {
 	case "gvisor":
@@ -521,8 +531,15 @@ func newDriver(f serveFlags) (runtime.Driver, error) {
 		return gvisor.New(runsc, stateDir, gvisor.WithHostResolvConf(f.hostResolv))
 	case "namespace":
 		return namespace.New(stateDir, namespace.WithHostResolvConf(f.hostResolv))
+	case microvm.Name:
+		kernel, err := microvm.FindKernel(f.guestKernel)
+		if err != nil {
+			return nil, err
+		}
+		return microvm.New(ctx, microvm.Config{QEMU: f.qemu, Kernel: kernel, StateDir: stateDir,
+			HostResolvConf: f.hostResolv, Accel: f.microvmAccel, Agent: agentBin})
 	default:
-		return nil, fmt.Errorf("unknown --runtime %q (want gvisor or namespace)", f.runtime)
+		return nil, fmt.Errorf("unknown --runtime %q (want gvisor, namespace or microvm)", f.runtime)
 	}
 }
 

@@ -203,6 +203,13 @@ type Driver interface {
 	PID(ctx context.Context, id string) (int, error)
 }
 
+// Accelerated is implemented by drivers whose sandboxes run on an
+// accelerator chosen at start (the microVM driver's kvm or tcg); /healthz
+// and cubicle info report it.
+type Accelerated interface {
+	Accel() string
+}
+
 // Prober is implemented by drivers that depend on something outside the
 // daemon that can go missing (a runtime binary, its state directory); the
 // daemon's health check calls Probe, which returns why new sandboxes could

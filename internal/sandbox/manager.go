@@ -237,6 +237,15 @@ func New(cfg Config) (*Manager, error) {
 // Runtime is the name of the driver sandboxes run on.
 func (m *Manager) Runtime() string { return m.cfg.Driver.Name() }
 
+// RuntimeAccel is the runtime's accelerator where it has one (see
+// runtime.Accelerated), else "".
+func (m *Manager) RuntimeAccel() string {
+	if a, ok := m.cfg.Driver.(runtime.Accelerated); ok {
+		return a.Accel()
+	}
+	return ""
+}
+
 // goBG runs fn as a goroutine Close waits for.
 func (m *Manager) goBG(fn func()) {
 	m.bg.Add(1)

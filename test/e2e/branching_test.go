@@ -43,7 +43,7 @@ func wantStatus(t *testing.T, err error, status int) {
 // and that all of it survives a daemon crash.
 func TestBranching(t *testing.T) {
 	ref := testImage(t)
-	for _, rt := range runtimes() {
+	for _, rt := range withMicroVM() {
 		t.Run(rt, func(t *testing.T) {
 			d := startDaemon(t, rt, "")
 			c := d.Client
@@ -73,7 +73,7 @@ func TestBranching(t *testing.T) {
 			if after := counter(t, c, p.Name); after <= before+3 {
 				t.Fatalf("parent stopped counting across capture: %d then %d", before, after)
 			}
-			if rt == "namespace" { // gvisor: see memsnap_test.go
+			if rt != "gvisor" { // gvisor: see memsnap_test.go
 				_, err = c.CaptureSnapshot(ctx, p.Name, protocol.CaptureSnapshotRequest{Name: "mem", IncludeMemory: true})
 				wantStatus(t, err, http.StatusUnprocessableEntity)
 			}

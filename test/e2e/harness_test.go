@@ -330,6 +330,11 @@ func mustRun(t testing.TB, c *cubicle.Client, name, command string) string {
 
 func runtimes() []string { return []string{"gvisor", "namespace"} }
 
+// withMicroVM is runtimes() and the microvm runtime: the suites it runs
+// (isolation, branching, its own) boot a VM under TCG in about 2 s, too
+// slow to add it to every test.
+func withMicroVM() []string { return append(runtimes(), "microvm") }
+
 func sh(t testing.TB, name string, args ...string) string {
 	out, err := exec.Command(name, args...).CombinedOutput()
 	if err != nil {

@@ -45,7 +45,7 @@ func hostListener(t *testing.T, addr string) (port int, accepted func() int) {
 // sandboxes are unreachable, and that resource limits hold.
 func TestIsolation(t *testing.T) {
 	ref := testImage(t)
-	for _, rt := range runtimes() {
+	for _, rt := range withMicroVM() {
 		t.Run(rt, func(t *testing.T) {
 			d := startDaemon(t, rt, "")
 			c := d.Client

@@ -157,12 +157,8 @@ func validID(id string) error {
 func (d *Driver) dir(id string) string { return filepath.Join(d.stateDir, id) }
 
 // state is persisted in stateDir/<id>/state.json once PID 1 has exec'd the
-// agent. StartTime (field 22 of /proc/<pid>/stat) pins the pid to this very
-// process.
-type state struct {
-	PID       int    `json:"pid"`
-	StartTime uint64 `json:"start_time"`
-}
+// agent.
+type state = runtime.Process
 
 func (d *Driver) readState(id string) (state, error) {
 	var st state
@@ -199,7 +195,7 @@ func (d *Driver) Running(ctx context.Context, id string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return alive(st), nil
+	return st.Alive(), nil
 }
 
 // PID implements runtime.Driver: the sandbox's PID 1 as seen from the host
@@ -215,17 +211,10 @@ func (d *Driver) PID(ctx context.Context, id string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if !alive(st) {
+	if !st.Alive() {
 		return 0, nil
 	}
 	return st.PID, nil
-}
-
-// alive reports whether st's process exists, is not a zombie and is the one
-// that was started (same start time).
-func alive(st state) bool {
-	start, zombie, err := procStat(st.PID)
-	return err == nil && !zombie && start == st.StartTime
 }
 
 // Stop implements runtime.Driver. It kills PID 1 (the kernel then kills every
@@ -241,7 +230,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		return err
 	}
 	if err == nil {
-		if err := killAndWait(ctx, st); err != nil {
+		if err := st.Kill(ctx); err != nil {
 			return fmt.Errorf("stop sandbox %s: %w", id, err)
 		}
 	}
@@ -252,39 +241,6 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("stop sandbox %s: remove state: %w", id, err)
 	}
 	return nil
-}
-
-// killAndWait SIGKILLs st's process through a pidfd (opened first, then
-// checked against the start time, so a recycled pid is never signalled) and
-// waits for it to exit.
-func killAndWait(ctx context.Context, st state) error {
-	pidfd, err := unix.PidfdOpen(st.PID, 0)
-	if errors.Is(err, unix.ESRCH) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("pidfd_open: %w", err)
-	}
-	defer unix.Close(pidfd)
-	if start, _, err := procStat(st.PID); err != nil || start != st.StartTime {
-		return nil // gone, or a different process now
-	}
-	if err := unix.PidfdSendSignal(pidfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-		return fmt.Errorf("kill: %w", err)
-	}
-	for {
-		fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 50)
-		if n > 0 {
-			return nil
-		}
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return fmt.Errorf("wait for exit: %w", err)
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("wait for exit: %w", ctx.Err())
-		}
-	}
 }
 
 var _ runtime.Lister = (*Driver)(nil)

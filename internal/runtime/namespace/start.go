@@ -10,8 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
-	"strconv"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -113,11 +111,11 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := waitExec(ctx, pipes.status); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	start, _, err := procStat(pid)
+	st, err := runtime.ProcessOf(pid)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
-	if err := d.writeState(spec.ID, state{PID: pid, StartTime: start}); err != nil {
+	if err := d.writeState(spec.ID, st); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	// Reap PID 1 while this process lives; after a daemon exit, the
@@ -289,27 +287,6 @@ func waitExec(ctx context.Context, status *os.File) error {
 		status.Close() // unblocks the reader
 		return fmt.Errorf("waiting for sandbox init: %w", ctx.Err())
 	}
-}
-
-// procStat returns field 22 (start time) of /proc/<pid>/stat and whether
-// the process is a zombie.
-func procStat(pid int) (uint64, bool, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, false, err
-	}
-	// comm (field 2) may contain spaces and parentheses: parse after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, false, fmt.Errorf("malformed /proc/%d/stat", pid)
-	}
-	// f[0] is field 3 (state); field 22 is f[19].
-	start, err := strconv.ParseUint(f[19], 10, 64)
-	return start, f[0] == "Z" || f[0] == "X", err
 }
 
 // pinCPUs gives PID 1 (before it runs anything) the CPUs of runtime.CPUs,

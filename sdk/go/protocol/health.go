@@ -10,6 +10,8 @@ type Health struct {
 	Reasons []string      `json:"reasons,omitempty"`
 	Checks  []HealthCheck `json:"checks,omitempty"`
 	Runtime string        `json:"runtime"`
+	// Accelerator is the microvm runtime's: kvm or tcg.
+	Accelerator string `json:"accelerator,omitempty"`
 	// Storage is the copy-on-write backend: btrfs, btrfs-loop or copy.
 	Storage string      `json:"storage"`
 	Space   *StoreSpace `json:"space,omitempty"`

@@ -1,0 +1,621 @@
+// Package microvm runs each sandbox in its own QEMU `microvm` virtual
+// machine with a guest kernel of the project's own (make guest-kernel):
+// untrusted code talks to that kernel, never the host's. KVM is used when a
+// short boot probe shows it works here, else TCG (software emulation).
+//
+// The host prepares what it does for every driver — the rootfs overlay and
+// the netns — and the VM sees them as follows: the rootfs is served over
+// 9p (virtio-9p, QEMU's local backend, passthrough ownership), so the
+// upper dir on the host is the sandbox's disk exactly as for the other
+// drivers (captures, diffs, quotas, persistence); bind mounts are further
+// 9p shares; the network is a tap in the netns joined to the veth (see
+// net.go); the agent is /init of a per-boot initramfs (see package guest)
+// and is reached over TCP on the sandbox's address, like every agent.
+//
+// Lock order: none; the driver keeps no in-memory state per sandbox. Its
+// state is stateDir/<id>/ (state.json names QEMU's process).
+package microvm
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/cavaliergopher/cpio"
+	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/atomicfile"
+	"github.com/cubicle-dev/cubicle/internal/cleanup"
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/runtime/microvm/guest"
+)
+
+// Name is the driver's --runtime name.
+const Name = "microvm"
+
+// Accelerators.
+const (
+	AccelKVM = "kvm"
+	AccelTCG = "tcg"
+)
+
+// guestOverheadBytes is guest RAM beyond the sandbox's memory limit: the
+// guest kernel's own use (about 20 MiB here) and its page cache, so the
+// limit bounds what the workload gets and an over-limit process is
+// OOM-killed inside a guest that lives on.
+const guestOverheadBytes = 96 << 20
+
+// defaultGuestBytes is the guest RAM of a sandbox without a memory limit.
+// QEMU allocates guest pages on first touch, so it costs what is used.
+const defaultGuestBytes = 2 << 30
+
+// maxMounts is how many bind mounts a VM takes: without ACPI, QEMU's
+// microvm machine has 8 virtio-mmio transports, and the entropy device,
+// the NIC and the root share take three.
+const maxMounts = 5
+
+var idPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// Files in a sandbox's state dir.
+const (
+	stateFile   = "state.json"
+	consoleDir  = "console" // a tmpfs of consoleBytes: see mountConsole
+	consoleFile = "console/console.log"
+	initrdFile  = "initrd.cpio"
+	qemuLog     = "console/qemu.log" // QEMU's own messages, on the console's tmpfs
+	qmpSocket   = "qmp.sock"
+)
+
+// consoleBytes bounds the guest's serial console log. Root inside can
+// reach the serial port (a devtmpfs of its own shows it), so the log sits
+// on a tmpfs of this size: a guest that floods it fills that, not the
+// host's disk (QEMU drops what does not fit).
+const consoleBytes = 1 << 20
+
+// Config configures New.
+type Config struct {
+	// QEMU is the qemu-system-x86_64 binary.
+	QEMU string
+	// Kernel is the guest kernel (an uncompressed vmlinux with a PVH
+	// entry point).
+	Kernel string
+	// StateDir holds per-sandbox state.
+	StateDir string
+	// HostResolvConf is read for the sandboxes' nameservers.
+	HostResolvConf string
+	// Accel is AccelKVM, AccelTCG, or "" to probe: KVM when /dev/kvm boots
+	// a guest within KVMProbeTimeout, else TCG.
+	Accel string
+	// Agent is the in-sandbox binary used by the KVM probe.
+	Agent string
+}
+
+// KVMProbeTimeout bounds the KVM probe's boot. A usable KVM boots the
+// guest to init in well under a second; a host whose /dev/kvm is nested or
+// emulated (PVM) takes far longer, and TCG is then the faster choice.
+const KVMProbeTimeout = 5 * time.Second
+
+// Driver implements runtime.Driver with QEMU microVMs.
+type Driver struct {
+	cfg   Config
+	accel string
+}
+
+var (
+	_ runtime.Driver    = (*Driver)(nil)
+	_ runtime.Lister    = (*Driver)(nil)
+	_ runtime.Prober    = (*Driver)(nil)
+	_ runtime.Explainer = (*Driver)(nil)
+)
+
+// New checks cfg and decides the accelerator.
+func New(ctx context.Context, cfg Config) (*Driver, error) {
+	if cfg.QEMU == "" {
+		p, err := exec.LookPath("qemu-system-x86_64")
+		if err != nil {
+			return nil, fmt.Errorf("microvm: qemu-system-x86_64 not found (apt-get install qemu-system-x86): %w", err)
+		}
+		cfg.QEMU = p
+	}
+	if cfg.HostResolvConf == "" {
+		cfg.HostResolvConf = "/etc/resolv.conf"
+	}
+	if _, err := os.Stat(cfg.Kernel); err != nil {
+		return nil, fmt.Errorf("microvm: guest kernel (make guest-kernel): %w", err)
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("microvm: state dir: %w", err)
+	}
+	d := &Driver{cfg: cfg, accel: cfg.Accel}
+	switch cfg.Accel {
+	case AccelKVM, AccelTCG:
+	case "":
+		d.accel = probeAccel(ctx, cfg)
+	default:
+		return nil, fmt.Errorf("microvm: accelerator %q: want kvm or tcg: %w", cfg.Accel, errdefs.ErrInvalid)
+	}
+	return d, nil
+}
+
+// Name implements runtime.Driver.
+func (d *Driver) Name() string { return Name }
+
+// Accel is the accelerator the driver's VMs run on.
+func (d *Driver) Accel() string { return d.accel }
+
+var probes sync.Map // Config.Kernel+QEMU → accelerator
+
+// probeAccel boots the guest kernel under KVM with an initramfs whose init
+// has no config (it says so on the console and powers off): KVM is used
+// when that completes within KVMProbeTimeout. Results are kept per
+// process.
+func probeAccel(ctx context.Context, cfg Config) string {
+	key := cfg.QEMU + "\x00" + cfg.Kernel
+	if a, ok := probes.Load(key); ok {
+		return a.(string)
+	}
+	accel := AccelTCG
+	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil && cfg.Agent != "" {
+		f.Close()
+		if bootsUnder(ctx, cfg, AccelKVM) {
+			accel = AccelKVM
+		}
+	}
+	probes.Store(key, accel)
+	return accel
+}
+
+func bootsUnder(ctx context.Context, cfg Config, accel string) bool {
+	dir, err := os.MkdirTemp(cfg.StateDir, "probe-")
+	if err != nil {
+		return false
+	}
+	defer os.RemoveAll(dir)
+	initrd := filepath.Join(dir, initrdFile)
+	if err := writeInitrd(initrd, cfg.Agent, nil); err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, KVMProbeTimeout)
+	defer cancel()
+	console := filepath.Join(dir, "console.log")
+	args := append(machineArgs(accel, 1, 256<<20), "-kernel", cfg.Kernel, "-initrd", initrd,
+		"-append", "console=ttyS0 quiet panic=-1 rdinit=/init", "-serial", "file:"+console)
+	if exec.CommandContext(ctx, cfg.QEMU, args...).Run() != nil {
+		return false
+	}
+	b, _ := os.ReadFile(console)
+	return strings.Contains(string(b), "cubicle guest init")
+}
+
+// machineArgs are the QEMU arguments for the machine itself.
+func machineArgs(accel string, vcpus int, memBytes int64) []string {
+	cpu := "max"
+	if accel == AccelKVM {
+		cpu = "host"
+	}
+	return []string{
+		"-machine", "microvm,acpi=off,x-option-roms=off,rtc=off,isa-serial=on",
+		"-accel", accel, "-cpu", cpu,
+		"-smp", strconv.Itoa(vcpus), "-m", strconv.FormatInt(memBytes>>20, 10) + "M",
+		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
+		"-device", "virtio-rng-device",
+	}
+}
+
+func (d *Driver) dir(id string) string { return filepath.Join(d.cfg.StateDir, id) }
+
+// state is stateDir/<id>/state.json, written once QEMU runs.
+type state struct {
+	runtime.Process
+	NetNS string `json:"netns"`
+	Link  string `json:"link"`
+}
+
+func validID(id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalid)
+	}
+	return nil
+}
+
+// Start implements runtime.Driver: it writes the sandbox's network files
+// and initramfs, starts QEMU inside the netns and joins its tap
+// to the veth. It returns once QEMU runs; the caller waits for the agent.
+func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
+	if err := validID(spec.ID); err != nil {
+		return err
+	}
+	if spec.RootFS == "" || spec.AgentBinary == "" || spec.NetNS == "" {
+		return fmt.Errorf("start %s: rootfs, agent binary and netns are required: %w", spec.ID, errdefs.ErrInvalid)
+	}
+	if err := runtime.ValidateMounts(spec.Mounts); err != nil {
+		return fmt.Errorf("start %s: %w: %w", spec.ID, errdefs.ErrInvalid, err)
+	}
+	if spec.Docker {
+		return fmt.Errorf("start %s: Docker inside is not offered on the microvm runtime yet: %w", spec.ID, errdefs.ErrInvalid)
+	}
+	if len(spec.Mounts) > maxMounts {
+		return fmt.Errorf("start %s: %d mounts, the microvm runtime takes at most %d: %w", spec.ID, len(spec.Mounts), maxMounts, errdefs.ErrInvalid)
+	}
+	if ok, err := d.Running(ctx, spec.ID); err != nil || ok {
+		if err == nil {
+			err = errdefs.ErrConflict
+		}
+		return fmt.Errorf("start %s: already running: %w", spec.ID, err)
+	}
+	if err := d.Stop(ctx, spec.ID); err != nil { // a dead instance's leftovers
+		return err
+	}
+	var undo cleanup.Stack
+	defer undo.Run(ctx)
+	dir := d.dir(spec.ID)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	undo.Push(func(context.Context) error { return os.RemoveAll(dir) })
+	if err := mountConsole(dir); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	undo.Push(func(context.Context) error { return unmountConsole(dir) })
+
+	resolv, err := runtime.ResolvConf(d.cfg.HostResolvConf)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	if err := runtime.WriteNetFiles(ctx, spec.RootFS, spec.Hostname, resolv); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	n, err := readNet(spec.NetNS)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	gcfg := guest.Config{
+		Hostname: spec.Hostname, Env: spec.Env, Token: spec.Token,
+		MemBytes: spec.Limits.MemBytes, Tasks: spec.Limits.Tasks(), ShmBytes: spec.Limits.TmpfsBytes(),
+		HostTimeNanos: time.Now().UnixNano(),
+	}
+	for _, m := range spec.Mounts {
+		gcfg.Mounts = append(gcfg.Mounts, guest.Mount{Target: m.Target, ReadOnly: m.ReadOnly})
+	}
+	initrd := filepath.Join(dir, initrdFile)
+	if err := writeInitrd(initrd, spec.AgentBinary, &gcfg); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	// The initramfs holds the token: it goes as soon as QEMU has loaded it.
+	defer os.Remove(initrd)
+
+	undo.Push(func(ctx context.Context) error { return disconnect(spec.NetNS, n.Link) })
+	proc, err := d.launch(ctx, spec, n, dir)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	undo.Push(func(ctx context.Context) error { return proc.Kill(ctx) })
+	if err := d.writeState(spec.ID, state{Process: proc, NetNS: spec.NetNS, Link: n.Link}); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	if err := connectTap(spec.NetNS, n); err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	undo.Release()
+	return nil
+}
+
+// vcpus is the guest's CPU count: the limit rounded up, else every CPU the
+// daemon may use.
+func vcpus(l runtime.Limits) int {
+	if l.MilliCPUs > 0 {
+		return int((l.MilliCPUs + 999) / 1000)
+	}
+	if cpus, err := runtime.AllowedCPUs(); err == nil && len(cpus) > 0 {
+		return len(cpus)
+	}
+	return 1
+}
+
+// guestBytes is the guest's RAM for limits l.
+func guestBytes(l runtime.Limits) int64 {
+	if l.MemBytes > 0 {
+		return l.MemBytes + guestOverheadBytes
+	}
+	return defaultGuestBytes
+}
+
+// qemuReadyTimeout bounds QEMU's own setup (devices, the QMP socket);
+// the guest's boot is the caller's to wait for.
+const qemuReadyTimeout = 30 * time.Second
+
+// launch starts QEMU inside spec's netns and returns once it has set up
+// the machine (QMP answers), with the guest booting.
+//
+// QEMU runs in a session of its own (no signal to the daemon's group
+// reaches it) and in new pid, IPC and UTS namespaces, so a QEMU taken over
+// by its guest sees no host process to signal or trace, and its seccomp
+// filter refuses exec, privilege changes and obsolete syscalls. (QEMU's
+// -chroot is not used: its 9p backend changes modes through
+// /proc/self/fd, which a chroot hides.) It is deliberately not a child
+// the daemon must outlive: the daemon reaps it while it lives, the host's
+// init afterwards. Running it as an unprivileged user is not done yet:
+// 9p's passthrough ownership (files stay root-owned on disk, as for the
+// other runtimes) needs root's CAP_CHOWN.
+func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir string) (runtime.Process, error) {
+	args := machineArgs(d.accel, vcpus(spec.Limits), guestBytes(spec.Limits))
+	args = append(args,
+		"-kernel", d.cfg.Kernel, "-initrd", filepath.Join(dir, initrdFile),
+		"-append", "console=ttyS0 quiet panic=-1 rdinit=/init "+n.kernelArg(spec.Hostname),
+		"-serial", "file:"+filepath.Join(dir, consoleFile),
+		"-netdev", "tap,id=net0,ifname="+tapName+",script=no,downscript=no",
+		"-device", "virtio-net-device,netdev=net0,mac="+n.MAC.String(),
+		"-fsdev", "local,id=root,path="+spec.RootFS+",security_model=passthrough,multidevs=remap",
+		"-device", "virtio-9p-device,fsdev=root,mount_tag="+guest.RootTag,
+	)
+	for i, m := range spec.Mounts {
+		id := guest.MountTag(i)
+		fs := "local,id=" + id + ",path=" + m.Source + ",security_model=passthrough,multidevs=remap"
+		if m.ReadOnly {
+			fs += ",readonly=on"
+		}
+		args = append(args, "-fsdev", fs, "-device", "virtio-9p-device,fsdev="+id+",mount_tag="+id)
+	}
+	args = append(args,
+		// Relative to QEMU's working dir (the state dir): the full path
+		// may not fit a unix socket address.
+		"-qmp", "unix:"+qmpSocket+",server=on,wait=off",
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+	)
+	logf, err := os.OpenFile(filepath.Join(dir, qemuLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return runtime.Process{}, fmt.Errorf("qemu log: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(d.cfg.QEMU, args...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Setsid:     true,
+		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
+	}
+	if err := inNetNS(spec.NetNS, cmd.Start); err != nil {
+		return runtime.Process{}, fmt.Errorf("start qemu: %w", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	proc, err := runtime.ProcessOf(cmd.Process.Pid)
+	if err != nil {
+		cmd.Process.Kill()
+		return runtime.Process{}, err
+	}
+	// QMP answers from QEMU's main loop, which runs once the machine is
+	// built: the kernel and initramfs are in guest memory by then.
+	sock := filepath.Join(dir, qmpSocket)
+	ctx, cancel := context.WithTimeout(ctx, qemuReadyTimeout)
+	defer cancel()
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			if _, err := d.qmpRun(ctx, spec.ID, "query-status", nil); err == nil {
+				return proc, nil
+			}
+		}
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(filepath.Join(dir, qemuLog))
+			return runtime.Process{}, fmt.Errorf("qemu exited during setup: %s", strings.TrimSpace(string(b)))
+		case <-ctx.Done():
+			proc.Kill(context.WithoutCancel(ctx))
+			return runtime.Process{}, fmt.Errorf("qemu setup: %w", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// mountConsole mounts the console log's tmpfs in dir.
+func mountConsole(dir string) error {
+	p := filepath.Join(dir, consoleDir)
+	if err := os.Mkdir(p, 0o700); err != nil {
+		return fmt.Errorf("console dir: %w", err)
+	}
+	if err := unix.Mount("tmpfs", p, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, fmt.Sprintf("mode=0700,size=%d", consoleBytes)); err != nil {
+		return fmt.Errorf("console tmpfs: %w", err)
+	}
+	return nil
+}
+
+// unmountConsole undoes mountConsole; a dir without it is fine.
+func unmountConsole(dir string) error {
+	err := unix.Unmount(filepath.Join(dir, consoleDir), unix.MNT_DETACH)
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount console: %w", err)
+	}
+	return nil
+}
+
+// writeInitrd writes the initramfs: agent as /init, and cfg (when set) at
+// guest.ConfigPath.
+func writeInitrd(path, agent string, cfg *guest.Config) (err error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("initramfs: %w", err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			err = fmt.Errorf("initramfs: %w", err)
+		}
+	}()
+	bin, err := os.Open(agent)
+	if err != nil {
+		return err
+	}
+	defer bin.Close()
+	fi, err := bin.Stat()
+	if err != nil {
+		return err
+	}
+	w := cpio.NewWriter(f)
+	if err := w.WriteHeader(&cpio.Header{Name: "init", Mode: cpio.TypeReg | 0o755, Size: fi.Size()}); err != nil {
+		return err
+	}
+	if _, err := io.Copy(w, bin); err != nil {
+		return err
+	}
+	if cfg != nil {
+		data, err := json.Marshal(cfg)
+		if err != nil {
+			return err
+		}
+		name := strings.TrimPrefix(guest.ConfigPath, "/")
+		if err := w.WriteHeader(&cpio.Header{Name: name, Mode: cpio.TypeReg | 0o600, Size: int64(len(data))}); err != nil {
+			return err
+		}
+		if _, err := w.Write(data); err != nil {
+			return err
+		}
+	}
+	return w.Close()
+}
+
+func (d *Driver) readState(id string) (state, bool, error) {
+	var st state
+	b, err := os.ReadFile(filepath.Join(d.dir(id), stateFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, fmt.Errorf("read state of %s: %w", id, err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		return st, false, fmt.Errorf("parse state of %s: %w", id, err)
+	}
+	return st, true, nil
+}
+
+func (d *Driver) writeState(id string, st state) error {
+	b, _ := json.Marshal(st)
+	if err := atomicfile.WriteFile(filepath.Join(d.dir(id), stateFile), b, 0o600); err != nil {
+		return fmt.Errorf("write state: %w", err)
+	}
+	return nil
+}
+
+// Running implements runtime.Driver.
+func (d *Driver) Running(ctx context.Context, id string) (bool, error) {
+	pid, err := d.PID(ctx, id)
+	return pid != 0, err
+}
+
+// PID implements runtime.Driver: QEMU's process while it lives.
+func (d *Driver) PID(ctx context.Context, id string) (int, error) {
+	if err := validID(id); err != nil {
+		return 0, err
+	}
+	st, ok, err := d.readState(id)
+	if err != nil || !ok || !st.Alive() {
+		return 0, err
+	}
+	return st.PID, nil
+}
+
+// Stop implements runtime.Driver: it kills QEMU (the guest and everything
+// in it go with it), undoes the tap redirect and removes the state.
+// Idempotent.
+func (d *Driver) Stop(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	st, ok, err := d.readState(id)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if err := st.Kill(ctx); err != nil {
+			return fmt.Errorf("stop sandbox %s: %w", id, err)
+		}
+		if err := disconnect(st.NetNS, st.Link); err != nil {
+			return fmt.Errorf("stop sandbox %s: %w", id, err)
+		}
+	}
+	if err := unmountConsole(d.dir(id)); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
+	if err := os.RemoveAll(d.dir(id)); err != nil {
+		return fmt.Errorf("stop sandbox %s: remove state: %w", id, err)
+	}
+	return nil
+}
+
+// List implements runtime.Lister.
+func (d *Driver) List(context.Context) ([]string, error) {
+	return runtime.ListStateDirs(d.cfg.StateDir, idPattern)
+}
+
+// Probe implements runtime.Prober: QEMU and the kernel are still there and
+// the state dir is writable.
+func (d *Driver) Probe(context.Context) error {
+	for _, p := range []string{d.cfg.QEMU, d.cfg.Kernel} {
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("microvm: %w", err)
+		}
+	}
+	f, err := os.CreateTemp(d.cfg.StateDir, ".probe-")
+	if err != nil {
+		return fmt.Errorf("microvm: state dir not writable: %w", err)
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+// ExitCause implements runtime.Explainer from the guest's console: a
+// kernel panic, an init failure or the OOM killer's last word.
+func (d *Driver) ExitCause(id string) string {
+	b, err := os.ReadFile(filepath.Join(d.dir(id), consoleFile))
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(lines[i])
+		for _, k := range []string{"Kernel panic", "cubicle guest init:", "Out of memory"} {
+			if j := strings.Index(l, k); j >= 0 {
+				return "guest: " + l[j:]
+			}
+		}
+	}
+	return ""
+}
+
+// KernelFile is the guest kernel's file name beside the cubicle binary
+// (make guest-kernel puts it in bin/).
+const KernelFile = "vmlinux"
+
+// FindKernel returns explicit if set, else $CUBICLE_GUEST_KERNEL, else
+// KernelFile beside the running executable.
+func FindKernel(explicit string) (string, error) {
+	p := explicit
+	if p == "" {
+		p = os.Getenv("CUBICLE_GUEST_KERNEL")
+	}
+	if p == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("microvm: find guest kernel: %w", err)
+		}
+		p = filepath.Join(filepath.Dir(exe), KernelFile)
+	}
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("microvm: guest kernel (build it with make guest-kernel): %w", err)
+	}
+	return p, nil
+}

@@ -1,0 +1,99 @@
+package microvm
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cavaliergopher/cpio"
+
+	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/runtime/microvm/guest"
+)
+
+// TestInitrd: the initramfs holds the agent as an executable /init and the
+// guest config, and nothing else.
+func TestInitrd(t *testing.T) {
+	dir := t.TempDir()
+	agent := filepath.Join(dir, "agent")
+	if err := os.WriteFile(agent, []byte("\x7fELF agent bytes"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfg := guest.Config{Hostname: "h", Token: "secret-token", Tasks: 64, Mounts: []guest.Mount{{Target: "/data", ReadOnly: true}}}
+	path := filepath.Join(dir, "initrd")
+	if err := writeInitrd(path, agent, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("initrd mode %v, %v: want 0600 (it holds the token)", fi.Mode(), err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := cpio.NewReader(f)
+	seen := map[string][]byte{}
+	for {
+		h, err := r.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(r)
+		seen[h.Name] = b
+		if h.Name == "init" && h.Mode.Perm() != 0o755 {
+			t.Errorf("/init mode %v", h.Mode)
+		}
+	}
+	if string(seen["init"]) != "\x7fELF agent bytes" || len(seen) != 2 {
+		t.Fatalf("entries %v", seen)
+	}
+	var got guest.Config
+	if err := json.Unmarshal(seen["cubicle.json"], &got); err != nil || got.Token != cfg.Token || len(got.Mounts) != 1 || !got.Mounts[0].ReadOnly {
+		t.Fatalf("config %+v, %v", got, err)
+	}
+	if err := writeInitrd(path, agent, nil); err == nil {
+		t.Fatal("writeInitrd over an existing file succeeded")
+	}
+}
+
+func TestSizing(t *testing.T) {
+	if got := vcpus(runtime.Limits{MilliCPUs: 1500}); got != 2 {
+		t.Errorf("vcpus(1500m) = %d, want 2", got)
+	}
+	if got := vcpus(runtime.Limits{MilliCPUs: 1000}); got != 1 {
+		t.Errorf("vcpus(1000m) = %d, want 1", got)
+	}
+	if got := guestBytes(runtime.Limits{MemBytes: 64 << 20}); got != 64<<20+guestOverheadBytes {
+		t.Errorf("guestBytes(64 MiB) = %d", got)
+	}
+	if got := guestBytes(runtime.Limits{}); got != defaultGuestBytes {
+		t.Errorf("guestBytes(unlimited) = %d", got)
+	}
+	n := guestNet{IP: net.IPv4(10, 244, 0, 2), Mask: net.CIDRMask(30, 32), Gateway: net.IPv4(10, 244, 0, 1)}
+	if got, want := n.kernelArg("box"), "ip=10.244.0.2::10.244.0.1:255.255.255.252:box:eth0:off"; got != want {
+		t.Errorf("kernelArg = %q, want %q", got, want)
+	}
+}
+
+func TestExitCause(t *testing.T) {
+	d := &Driver{cfg: Config{StateDir: t.TempDir()}}
+	id := "0123456789abcdef0123456789abcdef"
+	if err := os.MkdirAll(filepath.Join(d.dir(id), consoleDir), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.ExitCause(id); got != "" {
+		t.Fatalf("no console: %q", got)
+	}
+	log := "booting\n[    1.0] Out of memory: Killed process 42 (hog)\nKernel panic - not syncing: Attempted to kill init!\n"
+	os.WriteFile(filepath.Join(d.dir(id), consoleFile), []byte(log), 0o600)
+	if got, want := d.ExitCause(id), "guest: Kernel panic - not syncing: Attempted to kill init!"; got != want {
+		t.Fatalf("ExitCause = %q, want %q", got, want)
+	}
+}
