@@ -17,6 +17,7 @@
 package microvm
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -201,13 +202,17 @@ func bootsUnder(ctx context.Context, cfg Config, accel string) bool {
 
 // machineArgs are the QEMU arguments for the machine itself.
 func machineArgs(accel string, vcpus int, memBytes int64) []string {
-	cpu := "max"
+	cpu, acc := "max", accel
 	if accel == AccelKVM {
 		cpu = "host"
+	} else {
+		// TCG's translated-code cache defaults to 1 GiB and fills with
+		// what the guest ran; an agent and shells need a fraction.
+		acc += ",tb-size=64"
 	}
 	return []string{
 		"-machine", "microvm,acpi=off,x-option-roms=off,rtc=off,isa-serial=on",
-		"-accel", accel, "-cpu", cpu,
+		"-accel", acc, "-cpu", cpu,
 		"-smp", strconv.Itoa(vcpus), "-m", strconv.FormatInt(memBytes>>20, 10) + "M",
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot",
 		"-device", "virtio-rng-device",
@@ -546,6 +551,12 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		if err := disconnect(st.NetNS, st.Link); err != nil {
 			return fmt.Errorf("stop sandbox %s: %w", id, err)
 		}
+	} else if p, found := d.unrecorded(id); found {
+		// A QEMU whose state was lost (a crash between launch and
+		// writing it, a removed state dir) is still found by its files.
+		if err := p.Kill(ctx); err != nil {
+			return fmt.Errorf("stop sandbox %s: %w", id, err)
+		}
 	}
 	if err := unmountConsole(d.dir(id)); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", id, err)
@@ -554,6 +565,27 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("stop sandbox %s: remove state: %w", id, err)
 	}
 	return nil
+}
+
+// unrecorded finds a QEMU running for id by its command line (its files
+// are under id's state dir).
+func (d *Driver) unrecorded(id string) (runtime.Process, bool) {
+	mark := []byte(d.dir(id) + "/")
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || !bytes.Contains(b, mark) || !bytes.HasPrefix(b, []byte(d.cfg.QEMU+"\x00")) {
+			continue
+		}
+		if p, err := runtime.ProcessOf(pid); err == nil {
+			return p, true
+		}
+	}
+	return runtime.Process{}, false
 }
 
 // List implements runtime.Lister.

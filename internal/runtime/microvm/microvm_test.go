@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
@@ -36,6 +38,8 @@ func testKernel(tb testing.TB) string {
 	return ""
 }
 
+var stateDirs sync.Map // state dirs with a removal registered
+
 // newTestDriver returns a driver whose state dir is derived from t.Name(),
 // so a second call in the same test sees the first one's sandboxes.
 func newTestDriver(tb testing.TB, agent string) *Driver {
@@ -46,7 +50,12 @@ func newTestDriver(tb testing.TB, agent string) *Driver {
 		tb.Fatal(err)
 	}
 	tb.Logf("microvm accelerator: %s", d.Accel())
-	tb.Cleanup(func() { os.RemoveAll(dir) })
+	// Once per dir, and so after every Stop of the test's sandboxes
+	// (cleanups run last-in first-out): a state dir removed first would
+	// leave its VM running.
+	if _, again := stateDirs.LoadOrStore(dir, true); !again {
+		tb.Cleanup(func() { os.RemoveAll(dir); stateDirs.Delete(dir) })
+	}
 	return d
 }
 
@@ -82,5 +91,27 @@ func TestOwnKernel(t *testing.T) {
 	}
 	if out, _, code := s.Exec(t, "cat /proc/1/maps"); code == 0 {
 		t.Errorf("root inside reads PID 1's memory map:\n%.200s", out)
+	}
+}
+
+// TestStopFindsAnUnrecordedVM: a VM whose state file is gone (a crash
+// between launch and writing it) is still found and killed by Stop.
+func TestStopFindsAnUnrecordedVM(t *testing.T) {
+	env := drivertest.NewEnv(t)
+	d := newTestDriver(t, env.Agent)
+	s := env.Start(t, d, runtime.Limits{}, nil)
+	ctx := context.Background()
+	pid, err := d.PID(ctx, s.Spec.ID)
+	if err != nil || pid == 0 {
+		t.Fatalf("PID = %d, %v", pid, err)
+	}
+	if err := os.Remove(filepath.Join(d.dir(s.Spec.ID), stateFile)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Stop(ctx, s.Spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err == nil {
+		t.Fatalf("QEMU %d still runs after Stop", pid)
 	}
 }
