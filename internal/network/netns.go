@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -125,4 +127,20 @@ func writeSysctl(path, val string) error {
 		return nil
 	}
 	return os.WriteFile(path, []byte(val+"\n"), 0o644)
+}
+
+// NSHandle opens a netlink handle inside the netns at path (bind-mounted
+// nsfs file); done closes both. Runtime drivers use it on the sandbox's
+// netns the manager handed them.
+func NSHandle(path string) (h *netlink.Handle, done func(), err error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	h, err = netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, nil, fmt.Errorf("netlink in %s: %w", path, err)
+	}
+	return h, func() { h.Close(); ns.Close() }, nil
 }

@@ -15,8 +15,11 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 )
 
 // AgentMountPath is where the cubicle binary appears, read-only, inside every
@@ -146,6 +149,32 @@ func ValidateMounts(ms []Mount) error {
 		} else if !fi.IsDir() {
 			return fmt.Errorf("mount source for %s: %s is not a directory", t, m.Source)
 		}
+	}
+	return nil
+}
+
+// IDPattern is the id shape drivers that name host state by it accept
+// (Spec.ID): fixed length, so runsc's prefix matching never picks the
+// wrong container.
+var IDPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
+
+// ValidateSpec checks what Start needs from spec before touching
+// anything: an IDPattern id, absolute existing rootfs, agent binary and
+// netns paths, and valid mounts. Its errors are ErrInvalid.
+func ValidateSpec(spec Spec) error {
+	if !IDPattern.MatchString(spec.ID) {
+		return fmt.Errorf("start sandbox %q: id must be 32 lowercase hex digits: %w", spec.ID, errdefs.ErrInvalid)
+	}
+	for what, p := range map[string]string{"rootfs": spec.RootFS, "agent binary": spec.AgentBinary, "network namespace": spec.NetNS} {
+		if p == "" || !filepath.IsAbs(p) {
+			return fmt.Errorf("start sandbox %s: %s path %q must be absolute: %w", spec.ID, what, p, errdefs.ErrInvalid)
+		}
+		if _, err := os.Stat(p); err != nil {
+			return fmt.Errorf("start sandbox %s: %s: %w: %w", spec.ID, what, errdefs.ErrInvalid, err)
+		}
+	}
+	if err := ValidateMounts(spec.Mounts); err != nil {
+		return fmt.Errorf("start sandbox %s: %w: %w", spec.ID, errdefs.ErrInvalid, err)
 	}
 	return nil
 }
@@ -297,4 +326,27 @@ func ListStateDirs(dir string, id *regexp.Regexp) ([]string, error) {
 		}
 	}
 	return ids, nil // ReadDir sorts by name
+}
+
+// DefaultEnv is env with PATH and HOME added where it lacks them: the
+// agent's environment on every driver that starts it itself.
+func DefaultEnv(env []string) []string {
+	defaults := map[string]string{
+		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME": "/root",
+	}
+	out := append([]string(nil), env...)
+	for k, v := range defaults {
+		found := false
+		for _, e := range env {
+			if strings.HasPrefix(e, k+"=") {
+				found = true
+				break
+			}
+		}
+		if !found {
+			out = append(out, k+"="+v)
+		}
+	}
+	return out
 }

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -41,25 +39,7 @@ func TestMicroVM(t *testing.T) {
 	t.Logf("microvm accelerator: %s", h.Accelerator)
 
 	t.Run("official client smoke", func(t *testing.T) {
-		dir := npmDirVersion(t, "0.12", true)
-		script, err := os.ReadFile(filepath.Join(repoRoot(t), "test", "conformance", "smoke-langsmith-client.mjs"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(dir, "smoke-microvm.mjs")
-		if err := os.WriteFile(dst, script, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(cctx, "node", dst)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "LANGSMITH_ENDPOINT="+d.Endpoint, "LANGSMITH_API_KEY="+testKey, "SMOKE_IMAGE="+ref)
-		out, err := cmd.CombinedOutput()
-		t.Logf("smoke output:\n%s", out)
-		if err != nil || !strings.Contains(string(out), "SMOKE PASSED") {
-			t.Fatalf("smoke failed: %v", err)
-		}
+		runSmoke(t, npmDirVersion(t, "0.12", true), d.Endpoint, ref)
 	})
 
 	sn := readySnapshot(t, c, "vm", ref)

@@ -162,7 +162,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 
 // launch is Start, or Restore when image (a checkpoint image dir) is set.
 func (d *Driver) launch(ctx context.Context, spec runtime.Spec, image string) error {
-	if err := validate(spec); err != nil {
+	if err := runtime.ValidateSpec(spec); err != nil {
 		return err
 	}
 	dir := d.bundleDir(spec.ID)
@@ -405,25 +405,6 @@ func (d *Driver) pidFromFile(id string) (pid int, ok bool) {
 func zombie(st []byte) bool {
 	i := bytes.LastIndexByte(st, ')')
 	return i >= 0 && i+2 < len(st) && st[i+2] == 'Z'
-}
-
-// validate checks what Start needs from spec before touching anything.
-func validate(spec runtime.Spec) error {
-	if !idPattern.MatchString(spec.ID) {
-		return fmt.Errorf("start sandbox %q: id must be 32 lowercase hex digits: %w", spec.ID, errdefs.ErrInvalid)
-	}
-	for what, p := range map[string]string{"rootfs": spec.RootFS, "agent binary": spec.AgentBinary, "network namespace": spec.NetNS} {
-		if p == "" || !filepath.IsAbs(p) {
-			return fmt.Errorf("start sandbox %s: %s path %q must be absolute: %w", spec.ID, what, p, errdefs.ErrInvalid)
-		}
-		if _, err := os.Stat(p); err != nil {
-			return fmt.Errorf("start sandbox %s: %s: %w: %w", spec.ID, what, errdefs.ErrInvalid, err)
-		}
-	}
-	if err := runtime.ValidateMounts(spec.Mounts); err != nil {
-		return fmt.Errorf("start sandbox %s: %w: %w", spec.ID, errdefs.ErrInvalid, err)
-	}
-	return nil
 }
 
 var _ runtime.Prober = (*Driver)(nil)

@@ -9,8 +9,9 @@ import (
 	"path/filepath"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
 )
 
 // netnsFile records, in the bundle dir, the network configuration runsc
@@ -48,24 +49,10 @@ type savedRoute struct {
 	Priority int    `json:"priority,omitempty"`
 }
 
-// nsHandle opens a netlink handle inside the netns at path.
-func nsHandle(path string) (*netlink.Handle, func(), error) {
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open netns %s: %w", path, err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		ns.Close()
-		return nil, nil, fmt.Errorf("netlink in %s: %w", path, err)
-	}
-	return h, func() { h.Close(); ns.Close() }, nil
-}
-
 // saveNetConfig records the addresses and main-table routes of every
 // non-loopback interface in the netns at nsPath into dir/netns.json.
 func saveNetConfig(nsPath, dir string) error {
-	h, done, err := nsHandle(nsPath)
+	h, done, err := network.NSHandle(nsPath)
 	if err != nil {
 		return err
 	}
@@ -138,7 +125,7 @@ func restoreNetConfig(dir string) error {
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return fmt.Errorf("decode netns config: %w", err)
 	}
-	h, done, err := nsHandle(cfg.NetNS)
+	h, done, err := network.NSHandle(cfg.NetNS)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
 	}

@@ -26,7 +26,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,8 +65,6 @@ const defaultGuestBytes = 2 << 30
 // microvm machine has 8 virtio-mmio transports, and the entropy device,
 // the NIC and the root share take three.
 const maxMounts = 5
-
-var idPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // Files in a sandbox's state dir.
 const (
@@ -229,7 +226,7 @@ type state struct {
 }
 
 func validID(id string) error {
-	if !idPattern.MatchString(id) {
+	if !runtime.IDPattern.MatchString(id) {
 		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalid)
 	}
 	return nil
@@ -239,14 +236,8 @@ func validID(id string) error {
 // and initramfs, starts QEMU inside the netns and joins its tap
 // to the veth. It returns once QEMU runs; the caller waits for the agent.
 func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
-	if err := validID(spec.ID); err != nil {
+	if err := runtime.ValidateSpec(spec); err != nil {
 		return err
-	}
-	if spec.RootFS == "" || spec.AgentBinary == "" || spec.NetNS == "" {
-		return fmt.Errorf("start %s: rootfs, agent binary and netns are required: %w", spec.ID, errdefs.ErrInvalid)
-	}
-	if err := runtime.ValidateMounts(spec.Mounts); err != nil {
-		return fmt.Errorf("start %s: %w: %w", spec.ID, errdefs.ErrInvalid, err)
 	}
 	if spec.Docker {
 		return fmt.Errorf("start %s: Docker inside is not offered on the microvm runtime yet: %w", spec.ID, errdefs.ErrInvalid)
@@ -590,7 +581,7 @@ func (d *Driver) unrecorded(id string) (runtime.Process, bool) {
 
 // List implements runtime.Lister.
 func (d *Driver) List(context.Context) ([]string, error) {
-	return runtime.ListStateDirs(d.cfg.StateDir, idPattern)
+	return runtime.ListStateDirs(d.cfg.StateDir, runtime.IDPattern)
 }
 
 // Probe implements runtime.Prober: QEMU and the kernel are still there and

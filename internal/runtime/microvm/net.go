@@ -9,6 +9,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/cubicle-dev/cubicle/internal/network"
 )
 
 // The guest's network: QEMU, started inside the sandbox's netns, opens a
@@ -37,24 +39,10 @@ func (n guestNet) kernelArg(hostname string) string {
 	return fmt.Sprintf("ip=%s::%s:%s:%s:eth0:off", n.IP, n.Gateway, net.IP(n.Mask), hostname)
 }
 
-// nsHandle opens a netlink handle inside the netns at path.
-func nsHandle(path string) (*netlink.Handle, func(), error) {
-	ns, err := netns.GetFromPath(path)
-	if err != nil {
-		return nil, nil, fmt.Errorf("open netns %s: %w", path, err)
-	}
-	h, err := netlink.NewHandleAt(ns)
-	if err != nil {
-		ns.Close()
-		return nil, nil, fmt.Errorf("netlink in %s: %w", path, err)
-	}
-	return h, func() { h.Close(); ns.Close() }, nil
-}
-
 // readNet finds the netns' one non-loopback link and its IPv4 address and
 // default route, as the manager configured them.
 func readNet(nsPath string) (guestNet, error) {
-	h, done, err := nsHandle(nsPath)
+	h, done, err := network.NSHandle(nsPath)
 	if err != nil {
 		return guestNet{}, err
 	}
@@ -120,7 +108,7 @@ func inNetNS(path string, fn func() error) error {
 // connectTap raises the tap QEMU opened and redirects every frame between
 // it and n.Link both ways.
 func connectTap(nsPath string, n guestNet) error {
-	h, done, err := nsHandle(nsPath)
+	h, done, err := network.NSHandle(nsPath)
 	if err != nil {
 		return err
 	}
@@ -169,7 +157,7 @@ func redirect(h *netlink.Handle, from, to netlink.Link) error {
 // qdisc, go with QEMU), so the netns is as the manager handed it over. A
 // netns or link that is gone already is fine.
 func disconnect(nsPath, link string) error {
-	h, done, err := nsHandle(nsPath)
+	h, done, err := network.NSHandle(nsPath)
 	if err != nil {
 		return nil
 	}

@@ -8,7 +8,6 @@ import (
 	"path"
 	goruntime "runtime"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -93,7 +92,7 @@ func runInit() error {
 	if err := tokenStdin(cfg.Token); err != nil {
 		return err
 	}
-	env := withDefaults(cfg.Env)
+	env := runtime.DefaultEnv(cfg.Env)
 	err := unix.Exec(runtime.AgentMountPath, []string{runtime.AgentMountPath, "agent"}, env)
 	return fmt.Errorf("exec agent: %w", err)
 }
@@ -312,26 +311,4 @@ func ensure(p string, file bool) error {
 		f.Close()
 	}
 	return nil
-}
-
-// withDefaults adds PATH, HOME and TERM when the agent's env lacks them.
-func withDefaults(env []string) []string {
-	defaults := map[string]string{
-		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOME": "/root",
-	}
-	out := append([]string(nil), env...)
-	for k, v := range defaults {
-		found := false
-		for _, e := range env {
-			if strings.HasPrefix(e, k+"=") {
-				found = true
-				break
-			}
-		}
-		if !found {
-			out = append(out, k+"="+v)
-		}
-	}
-	return out
 }

@@ -4,8 +4,9 @@ package protocol
 // X1): snapshot a sandbox's filesystem as it is now, while it keeps running.
 type CaptureSnapshotRequest struct {
 	Name string `json:"name"`
-	// DockerImage (export an image built inside the sandbox) is part of the
-	// protocol but not supported yet: requests with it are rejected.
+	// DockerImage exports an image from the sandbox's Docker (a sandbox
+	// created with docker: true) as a snapshot; without Docker inside it
+	// is a 422.
 	DockerImage     string     `json:"docker_image,omitempty"`
 	FSCapacityBytes *int64     `json:"fs_capacity_bytes,omitempty"`
 	RunConfig       *RunConfig `json:"run_config,omitempty"`

@@ -14,8 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	goruntime "runtime"
 	"strconv"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -75,6 +75,9 @@ var droppedCaps = []uintptr{unix.CAP_SYS_PTRACE, unix.CAP_SYS_RAWIO, unix.CAP_SY
 // Main runs init; it returns only on failure, after which the caller
 // powers the guest off (PID 1 exiting panics the kernel, which ends the VM).
 func Main() error {
+	// Capabilities are per thread: the thread that drops them must be the
+	// one that starts the agent, so init stays on one.
+	goruntime.LockOSThread()
 	if err := mount("devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, ""); err != nil {
 		return err
 	}
@@ -119,14 +122,7 @@ func Main() error {
 	if err := dropCaps(); err != nil {
 		return err
 	}
-	env := cfg.Env
-	if !hasVar(env, "PATH") {
-		env = append(env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	}
-	if !hasVar(env, "HOME") {
-		env = append(env, "HOME=/root")
-	}
-	return runAgent(cfg.Token, env)
+	return runAgent(cfg.Token, runtime.DefaultEnv(cfg.Env))
 }
 
 // agentArg makes the binary the agent's starter: PID 1 of the sandbox's
@@ -399,15 +395,6 @@ func mount(source, target, fstype string, flags uintptr, data string) error {
 		return fmt.Errorf("mount %s on %s: %w", fstype, target, err)
 	}
 	return nil
-}
-
-func hasVar(env []string, k string) bool {
-	for _, e := range env {
-		if strings.HasPrefix(e, k+"=") {
-			return true
-		}
-	}
-	return false
 }
 
 // IsInit reports whether this process is a microVM guest's /init: PID 1
