@@ -331,7 +331,7 @@ func mustRun(t testing.TB, c *cubicle.Client, name, command string) string {
 func runtimes() []string { return []string{"gvisor", "namespace"} }
 
 // withMicroVM is runtimes() and the microvm runtime: the suites it runs
-// (isolation, branching, its own) boot a VM under TCG in about 2 s, too
+// (isolation, branching, volumes) boot a VM under TCG in about 2.8 s, too
 // slow to add it to every test.
 func withMicroVM() []string { return append(runtimes(), "microvm") }
 

@@ -31,7 +31,7 @@ func timedCreate(t *testing.T, c *cubicle.Client, snapshot, name string, atts ..
 // sandbox that wrote it and a daemon kill -9; and a volume in use is not
 // deleted. Figures: create with a volume vs without.
 func TestVolumesShared(t *testing.T) {
-	for _, rt := range runtimes() {
+	for _, rt := range withMicroVM() {
 		t.Run(rt, func(t *testing.T) { testVolumesShared(t, rt) })
 	}
 }
