@@ -19,6 +19,8 @@ package microvm
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,7 +30,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -153,16 +154,18 @@ func (d *Driver) Name() string { return Name }
 // Accel is the accelerator the driver's VMs run on.
 func (d *Driver) Accel() string { return d.accel }
 
-var probes sync.Map // Config.Kernel+QEMU → accelerator
-
 // probeAccel boots the guest kernel under KVM with an initramfs whose init
 // has no config (it says so on the console and powers off): KVM is used
-// when that completes within KVMProbeTimeout. Results are kept per
-// process.
+// when that completes within KVMProbeTimeout. The answer is kept in the
+// state dir for this host boot, QEMU and kernel, so a restarted daemon
+// does not wait for the probe again.
 func probeAccel(ctx context.Context, cfg Config) string {
-	key := cfg.QEMU + "\x00" + cfg.Kernel
-	if a, ok := probes.Load(key); ok {
-		return a.(string)
+	cache := filepath.Join(cfg.StateDir, "accel-probe")
+	key := probeKey(cfg)
+	if b, err := os.ReadFile(cache); err == nil {
+		if k, a, ok := strings.Cut(strings.TrimSpace(string(b)), " "); ok && k == key && (a == AccelKVM || a == AccelTCG) {
+			return a
+		}
 	}
 	accel := AccelTCG
 	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil && cfg.Agent != "" {
@@ -171,9 +174,26 @@ func probeAccel(ctx context.Context, cfg Config) string {
 			accel = AccelKVM
 		}
 	}
-	probes.Store(key, accel)
+	atomicfile.WriteFile(cache, []byte(key+" "+accel+"\n"), 0o600)
 	return accel
 }
+
+// probeKey names what a probe's answer depends on: the host boot and the
+// QEMU and kernel files.
+func probeKey(cfg Config) string {
+	h := sha256.New()
+	boot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	h.Write(boot)
+	for _, p := range []string{cfg.QEMU, cfg.Kernel} {
+		if fi, err := os.Stat(p); err == nil {
+			fmt.Fprintf(h, "%s %d %d\n", p, fi.Size(), fi.ModTime().UnixNano())
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// ProbeAccel is the accelerator New would choose for cfg with Accel unset.
+func ProbeAccel(ctx context.Context, cfg Config) string { return probeAccel(ctx, cfg) }
 
 func bootsUnder(ctx context.Context, cfg Config, accel string) bool {
 	dir, err := os.MkdirTemp(cfg.StateDir, "probe-")
@@ -530,6 +550,9 @@ func (d *Driver) PID(ctx context.Context, id string) (int, error) {
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err := validID(id); err != nil {
 		return err
+	}
+	if _, err := os.Stat(d.dir(id)); errors.Is(err, os.ErrNotExist) {
+		return nil // never launched here (every Start clears first)
 	}
 	st, ok, err := d.readState(id)
 	if err != nil {

@@ -40,12 +40,31 @@ func testKernel(tb testing.TB) string {
 
 var stateDirs sync.Map // state dirs with a removal registered
 
+// testAccel probes the accelerator once per test binary (a probe on a
+// host without usable KVM waits out KVMProbeTimeout).
+func testAccel(kernel, agent string) string {
+	accelOnce.Do(func() {
+		accel = AccelTCG
+		if dir, err := os.MkdirTemp("", "cubicle-vmprobe-"); err == nil {
+			defer os.RemoveAll(dir)
+			accel = ProbeAccel(context.Background(), Config{QEMU: "qemu-system-x86_64", Kernel: kernel, StateDir: dir, Agent: agent})
+		}
+	})
+	return accel
+}
+
+var (
+	accelOnce sync.Once
+	accel     string
+)
+
 // newTestDriver returns a driver whose state dir is derived from t.Name(),
 // so a second call in the same test sees the first one's sandboxes.
 func newTestDriver(tb testing.TB, agent string) *Driver {
 	tb.Helper()
 	dir := filepath.Join(os.TempDir(), "cubicle-vmtest-"+regexp.MustCompile(`[^a-zA-Z0-9]+`).ReplaceAllString(tb.Name(), "_"))
-	d, err := New(context.Background(), Config{Kernel: testKernel(tb), StateDir: dir, Agent: agent})
+	kernel := testKernel(tb)
+	d, err := New(context.Background(), Config{Kernel: kernel, StateDir: dir, Agent: agent, Accel: testAccel(kernel, agent)})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -95,5 +96,26 @@ func TestExitCause(t *testing.T) {
 	os.WriteFile(filepath.Join(d.dir(id), consoleFile), []byte(log), 0o600)
 	if got, want := d.ExitCause(id), "guest: Kernel panic - not syncing: Attempted to kill init!"; got != want {
 		t.Fatalf("ExitCause = %q, want %q", got, want)
+	}
+}
+
+// TestProbeAnswerKept: a probe's answer is reused for the same host boot,
+// QEMU and kernel, and not once the kernel changes.
+func TestProbeAnswerKept(t *testing.T) {
+	dir := t.TempDir()
+	kernel := filepath.Join(dir, "vmlinux")
+	os.WriteFile(kernel, []byte("k1"), 0o644)
+	cfg := Config{QEMU: "/nonexistent/qemu", Kernel: kernel, StateDir: dir}
+	os.WriteFile(filepath.Join(dir, "accel-probe"), []byte(probeKey(cfg)+" kvm\n"), 0o600)
+	if got := probeAccel(context.Background(), cfg); got != AccelKVM {
+		t.Fatalf("kept answer not used: %q", got)
+	}
+	os.WriteFile(kernel, []byte("another kernel"), 0o644)
+	// No agent: the probe cannot boot, so a fresh answer is tcg.
+	if got := probeAccel(context.Background(), cfg); got != AccelTCG {
+		t.Fatalf("answer for another kernel reused: %q", got)
+	}
+	if got := probeAccel(context.Background(), cfg); got != AccelTCG {
+		t.Fatalf("fresh answer not kept: %q", got)
 	}
 }
