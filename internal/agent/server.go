@@ -92,6 +92,7 @@ func NewServer(token string, opts ...Option) (*Server, error) {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("GET /v1/health", s.handleHealth)
 	s.mux.HandleFunc("POST /v1/token", s.handleRotateToken)
+	s.mux.HandleFunc("POST /v1/identity", s.handleIdentity)
 	s.mux.HandleFunc("GET /v1/memguard", s.handleMemGuard)
 	s.mux.HandleFunc("GET /v1/activity", s.handleActivity)
 	s.mux.HandleFunc("GET /v1/exec", s.handleExec)
@@ -143,6 +144,9 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 	// the backlog and is answered the moment Serve starts, instead of
 	// being refused and retried. The threads are reserved meanwhile;
 	// commands fork only once they are (reaper.threads).
+	if err := keepOwnCaps(os.Getenv(OwnCapsEnv)); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("agent: listen %s: %w", addr, err)
@@ -150,7 +154,7 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 	threads := make(chan struct{})
 	go func() { reserveThreads(reservedThreads); close(threads) }()
 	pid1 := os.Getpid() == 1
-	env := withoutVar(os.Environ(), MemLimitEnv)
+	env := withoutVar(withoutVar(os.Environ(), MemLimitEnv), OwnCapsEnv)
 	opts := []Option{WithLogger(log), WithBaseEnv(env), WithMemLimit(parseMemLimit(os.Getenv(MemLimitEnv)))}
 	if pid1 {
 		opts = append(opts, WithReapAll())

@@ -36,6 +36,11 @@ type Limits struct {
 	// PidsMax bounds the number of tasks (fork-bomb protection); see Tasks
 	// for the bound drivers actually enforce.
 	PidsMax int64
+	// Background boots the sandbox at the lowest CPU share (cgroup v1
+	// cpu.shares 2, v2 cpu.weight 1): it gets CPU only when nothing else
+	// wants it. Warm-pool instances run so until a claim gives them the
+	// normal share (CPUWeighter).
+	Background bool
 }
 
 // Sizing of the bounds derived from MemBytes, shared by every driver so a

@@ -233,6 +233,15 @@ func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Sn
 		return nil, &BootError{Err: err}
 	}
 	undo.Push(func(context.Context) error { client.Close(); return nil })
+	if restore && first && m.agentIdentifies() {
+		// A branch restored from a memory snapshot wakes up with its
+		// source's hostname (its machine-id file is already its own, see
+		// seedIdentity). An agent captured before it could set it (or
+		// without the capability) keeps the source's: logged, not fatal.
+		if err := client.SetIdentity(ctx, id.hostname, ""); err != nil {
+			m.log.Warn("restored branch keeps its source's hostname", "sandbox", id.id, "err", err)
+		}
+	}
 	tAgent := time.Now()
 	return &instance{rootfs: rootfs, ep: ep, client: client, restored: restore, note: m.mountsHealth(id.id), phases: []phase{
 		{PhaseQueue, tQueue, t0}, {PhaseRootFS, t0, tMount}, {PhaseNetwork, t0, tNetwork}, {PhaseEgress, maxTime(tMount, tNetwork), tEgress},

@@ -22,7 +22,8 @@ import (
 // record ever had, from which runtime, storage and network state are
 // keyed (runtimeID) — so nothing downstream needs a mapping. From the
 // take on (takePooled, alongside the record's writes) the instance gets
-// the record's hostname and a fresh /etc/machine-id (runtime.Identifier);
+// the record's hostname and a fresh /etc/machine-id (from its agent,
+// runtime.AgentIdentifier, or the driver, runtime.Identifier);
 // at the claim (claimPooled, inside boot) it takes the rest: a fresh
 // agent token (POST /v1/token, authenticated by the pool token, which
 // stops working), the record's egress policy and fs_capacity_bytes; env
@@ -36,7 +37,8 @@ import (
 // are recorded (store.PoolInstance) before they exist; a daemon that
 // restarts tears down whatever its predecessor left (recoverPools), and
 // one that closes tears its pool down. Refills run one at a time, in the
-// background, and wait while creates are in flight.
+// background, at the lowest CPU share until claimed, and wait while
+// creates are in flight.
 
 // poolRefillTick is how often the refiller re-checks sizes and ages when
 // nothing wakes it.
@@ -151,7 +153,7 @@ func (m *Manager) setPool(ctx context.Context, sn *store.Snapshot, size, maxAgeS
 	if maxAgeSeconds < 0 {
 		return PoolStatus{}, errdefs.Field("max_age_seconds", "must not be negative")
 	}
-	if _, ok := m.cfg.Driver.(runtime.Identifier); !ok && size > 0 {
+	if !m.canIdentify() && size > 0 {
 		return PoolStatus{}, fmt.Errorf("the %s runtime cannot give a running sandbox another identity, which a warm pool needs: %w", m.cfg.Driver.Name(), errdefs.ErrUnavailable)
 	}
 	cfg := store.Pool{SnapshotID: sn.ID, WorkspaceID: sn.WorkspaceID, Size: size, MaxAgeSeconds: maxAgeSeconds}
@@ -185,10 +187,14 @@ func (m *Manager) Pool(ctx context.Context, ref string) (PoolStatus, error) {
 	return PoolStatus{Pool: cfg, Ready: len(m.pool.ready[sn.ID])}, nil
 }
 
-// poolLimits are the limits pool instances boot with: the defaults.
+// poolLimits are the limits pool instances boot with: the defaults, in
+// the background (the lowest CPU share, where the driver has
+// runtime.CPUWeighter) so refills take only CPU nothing else wants; a
+// claim gives the normal share back.
 func (m *Manager) poolLimits() runtime.Limits {
 	l := m.cfg.Limits
-	return runtime.Limits{MilliCPUs: l.DefaultVCPUs * 1000, MemBytes: l.DefaultMemBytes, PidsMax: l.PidsMax}
+	_, weighs := m.cfg.Driver.(runtime.CPUWeighter)
+	return runtime.Limits{MilliCPUs: l.DefaultVCPUs * 1000, MemBytes: l.DefaultMemBytes, PidsMax: l.PidsMax, Background: weighs}
 }
 
 // takePooled hands sb (not yet recorded) a ready instance of sn's pool
@@ -233,13 +239,32 @@ func (m *Manager) poolServes(sb *store.Sandbox, sn *store.Snapshot, req protocol
 	return err == nil && mem.dir == ""
 }
 
+// agentIdentifies reports whether the driver's agents set their own
+// identity (runtime.AgentIdentifier).
+func (m *Manager) agentIdentifies() bool {
+	ai, ok := m.cfg.Driver.(runtime.AgentIdentifier)
+	return ok && ai.AgentSetsIdentity()
+}
+
+// canIdentify reports whether a running instance can take another
+// identity, which a warm pool needs.
+func (m *Manager) canIdentify() bool {
+	_, ok := m.cfg.Driver.(runtime.Identifier)
+	return ok || m.agentIdentifies()
+}
+
 // identify starts giving taken instance pi hostname host and a fresh
-// machine-id; claimPooled collects the result.
+// machine-id, through its agent where it can (one round trip), else the
+// driver; claimPooled collects the result.
 func (m *Manager) identify(pi *pooled, host string) {
 	pi.takenAt, pi.identified = time.Now(), make(chan error, 1)
 	m.goBG(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Limits.BootTimeout)
 		defer cancel()
+		if m.agentIdentifies() {
+			pi.identified <- pi.inst.client.SetIdentity(ctx, host, randomHex(16))
+			return
+		}
 		pi.identified <- m.cfg.Driver.(runtime.Identifier).SetIdentity(ctx, runtimeID(pi.id), host, randomHex(16))
 	})
 }
@@ -297,12 +322,20 @@ func (m *Manager) claimPooled(ctx context.Context, undo *cleanup.Stack, sb *stor
 	if pi == nil {
 		return nil
 	}
-	err := pi.inst.client.RotateToken(ctx, token)
-	if err == nil && m.cfg.Egress != nil {
+	// The egress policy attaches while the identity is set; the token
+	// turns only after it is (the identity call holds the pool token).
+	var err error
+	if m.cfg.Egress != nil {
 		err = m.cfg.Egress.Attach(ctx, sb.ID, sb.WorkspaceID, pi.inst.ep, sb.ProxyConfig)
 	}
 	if ierr := <-pi.identified; err == nil {
 		err = ierr
+	}
+	if err == nil {
+		err = pi.inst.client.RotateToken(ctx, token)
+	}
+	if w, ok := m.cfg.Driver.(runtime.CPUWeighter); ok && err == nil {
+		err = w.SetBackground(ctx, runtimeID(sb.ID), false)
 	}
 	if err != nil {
 		m.log.Warn("claimed pool instance cannot take its record's identity; booting cold", "sandbox", sb.ID, "err", err)

@@ -66,6 +66,9 @@ func (e *env) checkClaimed(t *testing.T, sb *store.Sandbox, machineIDs map[strin
 		t.Errorf("%s has the machine-id of %s", sb.Name, other)
 	}
 	machineIDs[mid] = sb.Name
+	if e.driver.Background(rid) {
+		t.Errorf("%s: claimed, but still at the pool's background CPU share", sb.Name)
+	}
 	if got := e.driver.Agent(rid).Token(); got != sb.Token {
 		t.Errorf("%s: agent accepts %q, record holds %q", sb.Name, got, sb.Token)
 	}
@@ -77,6 +80,11 @@ func (e *env) checkClaimed(t *testing.T, sb *store.Sandbox, machineIDs map[strin
 func TestPoolClaimsUnderConcurrency(t *testing.T) {
 	e := poolEnv(t, 10, 0)
 	pooled := e.readyPool()
+	for id := range pooled {
+		if !e.driver.Background(runtimeID(id)) {
+			t.Errorf("pool instance %s booted at the normal CPU share, not the background one", id)
+		}
+	}
 	hold := e.m.pool.busy()
 	var wg sync.WaitGroup
 	sbs := make([]*store.Sandbox, 50)

@@ -200,54 +200,67 @@ func BenchmarkColdVsBareRunsc(b *testing.B) {
 }
 
 // bareLayer is the test image's one layer, unpacked, for bare runsc runs.
-func bareLayer(b *testing.B) string {
-	st, err := image.NewStore(b.TempDir())
+func bareLayer(tb testing.TB) string {
+	st, err := image.NewStore(tb.TempDir())
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	img, err := st.Resolve(context.Background(), "bench", testImage(b), nil, nil)
+	img, err := st.Resolve(context.Background(), "bench", testImage(tb), nil, nil)
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	if len(img.Layers) != 1 {
-		b.Fatalf("test image has %d layers, want 1", len(img.Layers))
+		tb.Fatalf("test image has %d layers, want 1", len(img.Layers))
 	}
 	return img.Layers[0]
 }
 
 // bareRun times one `runsc run` of `echo hi` on layer, in a fresh netns
 // with --network=sandbox when netns is set, else with --network=none;
-// the setup and teardown around it are not timed.
-func bareRun(b *testing.B, layer string, netns bool) time.Duration {
-	_, runsc := binaries(b)
-	b.StopTimer()
+// the setup and teardown around it are not timed (nor, in a benchmark,
+// counted on its timer). Tests use it for a baseline measured in the same
+// run as what they compare with it.
+func bareRun(tb testing.TB, layer string, netns bool) time.Duration {
+	_, runsc := binaries(tb)
+	timer(tb, false)
 	ns, flag, del := "", "--network=none", func() {}
 	if netns {
-		ns, del = benchNetns(b)
+		ns, del = benchNetns(tb)
 		flag = "--network=sandbox"
 	}
 	defer del()
-	bundle := bareBundle(b, layer, ns)
-	root := filepath.Join(b.TempDir(), "runsc")
+	bundle := bareBundle(tb, layer, ns)
+	root := filepath.Join(tb.TempDir(), "runsc")
 	defer unmountUnder(filepath.Dir(root))
 	id := make([]byte, 16)
 	rand.Read(id)
-	b.StartTimer()
+	timer(tb, true)
 	t0 := time.Now()
 	out, err := exec.Command(runsc, "--root", root, "--platform=systrap", flag, "run", "--bundle", bundle, hex.EncodeToString(id)).CombinedOutput()
 	took := time.Since(t0)
-	b.StopTimer()
+	timer(tb, false)
 	if err != nil || strings.TrimSpace(string(out)) != "hi" {
-		b.Fatalf("runsc run: %v: %s", err, out)
+		tb.Fatalf("runsc run: %v: %s", err, out)
 	}
-	defer b.StartTimer()
+	defer timer(tb, true)
 	return took
+}
+
+// timer starts or stops tb's timer when tb is a benchmark.
+func timer(tb testing.TB, on bool) {
+	if b, ok := tb.(*testing.B); ok {
+		if on {
+			b.StartTimer()
+		} else {
+			b.StopTimer()
+		}
+	}
 }
 
 // bareBundle writes an OCI bundle running `echo hi` on rootfs, in the
 // network namespace at netns ("" for none).
-func bareBundle(b *testing.B, rootfs, netns string) string {
-	bundle := b.TempDir()
+func bareBundle(tb testing.TB, rootfs, netns string) string {
+	bundle := tb.TempDir()
 	spec := &specs.Spec{
 		Version: specs.Version,
 		Root:    &specs.Root{Path: rootfs, Readonly: true},
@@ -262,7 +275,7 @@ func bareBundle(b *testing.B, rootfs, netns string) string {
 	}
 	data, _ := json.Marshal(spec)
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o644); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	return bundle
 }
@@ -271,7 +284,7 @@ func bareBundle(b *testing.B, rootfs, netns string) string {
 // veth whose inside end is eth0 with a /30 address and a default route;
 // TEST-NET-2, outside Cubicle's pool) and returns its path and a func
 // deleting it (also run with the benchmark's cleanup).
-func benchNetns(b *testing.B) (string, func()) {
+func benchNetns(tb testing.TB) (string, func()) {
 	id := make([]byte, 4)
 	rand.Read(id)
 	name := "cubbench" + hex.EncodeToString(id)
@@ -280,15 +293,15 @@ func benchNetns(b *testing.B) (string, func()) {
 		exec.Command("ip", "link", "del", host).Run()
 		exec.Command("ip", "netns", "del", name).Run()
 	}
-	b.Cleanup(del)
-	sh(b, "ip", "netns", "add", name)
-	sh(b, "ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", name)
-	sh(b, "ip", "addr", "add", "198.51.100.1/30", "dev", host)
-	sh(b, "ip", "link", "set", host, "up")
-	sh(b, "ip", "-n", name, "addr", "add", "198.51.100.2/30", "dev", "eth0")
-	sh(b, "ip", "-n", name, "link", "set", "eth0", "up")
-	sh(b, "ip", "-n", name, "link", "set", "lo", "up")
-	sh(b, "ip", "-n", name, "route", "add", "default", "via", "198.51.100.1")
+	tb.Cleanup(del)
+	sh(tb, "ip", "netns", "add", name)
+	sh(tb, "ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", name)
+	sh(tb, "ip", "addr", "add", "198.51.100.1/30", "dev", host)
+	sh(tb, "ip", "link", "set", host, "up")
+	sh(tb, "ip", "-n", name, "addr", "add", "198.51.100.2/30", "dev", "eth0")
+	sh(tb, "ip", "-n", name, "link", "set", "eth0", "up")
+	sh(tb, "ip", "-n", name, "link", "set", "lo", "up")
+	sh(tb, "ip", "-n", name, "route", "add", "default", "via", "198.51.100.1")
 	return "/run/netns/" + name, del
 }
 

@@ -133,8 +133,19 @@ func TestPoolCreateLatency(t *testing.T) {
 		}
 		waitPool(t, c, base.ID, int(size))
 	}
-	report := func(client string, cold, hit time.Duration) {
-		t.Logf("create→first output (%s, gVisor, median of %d): cold %v, pool hit %v, hit/cold %.2f", client, n, cold, hit, float64(hit)/float64(cold))
+	// The baseline, measured in this run: bare `runsc run` of `echo hi`
+	// in a fresh netns (BenchmarkBareRunsc/netns).
+	layer := bareLayer(t)
+	bareMedian := func() time.Duration {
+		var ds []time.Duration
+		for range n {
+			ds = append(ds, bareRun(t, layer, true))
+		}
+		return median(ds)
+	}
+	report := func(client string, cold, hit, bare time.Duration) {
+		t.Logf("create→first output (%s, gVisor, median of %d): cold %v, pool hit %v, hit/cold %.2f; bare runsc in a netns %v: hit/bare %.2f, cold/bare %.2f",
+			client, n, cold, hit, float64(hit)/float64(cold), bare, float64(hit)/float64(bare), float64(cold)/float64(bare))
 		if hit >= cold {
 			t.Errorf("%s: a pool hit (%v) is no faster than a cold create (%v)", client, hit, cold)
 		}
@@ -169,7 +180,7 @@ func TestPoolCreateLatency(t *testing.T) {
 		if hits := poolClaims(t, d, base.ID, "hit") - before; hits != n {
 			t.Fatalf("%v pool hits, want %d", hits, n)
 		}
-		report("Go SDK", median(cold), median(hit))
+		report("Go SDK", median(cold), median(hit), bareMedian())
 		_, fams := scrape(t, d.Endpoint+"/metrics", testKey)
 		if h := sample(fams, "cubicle_pool_claim_duration_seconds", nil).GetHistogram(); h.GetSampleCount() > 0 {
 			t.Logf("claim phase (identity, token, egress policy): mean %.1f ms over %d claims", 1000*h.GetSampleSum()/float64(h.GetSampleCount()), h.GetSampleCount())
@@ -204,6 +215,6 @@ func TestPoolCreateLatency(t *testing.T) {
 		cold := runNode("npm-cold", 0)
 		setPool(2)
 		hit := runNode("npm-hit", 2)
-		report("official npm client", cold, hit)
+		report("official npm client", cold, hit, bareMedian())
 	})
 }

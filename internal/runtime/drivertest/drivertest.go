@@ -110,6 +110,8 @@ func Run(t *testing.T, newDriver func(t *testing.T) runtime.Driver) {
 		}
 	})
 	t.Run("TokenHiddenInside", func(t *testing.T) { testTokenHidden(t, env, newDriver(t)) })
+	t.Run("IdentityChangesWhileRunning", func(t *testing.T) { testIdentity(t, env, newDriver(t)) })
+	t.Run("BackgroundCPUShare", func(t *testing.T) { testBackground(t, env, newDriver(t)) })
 	t.Run("StopKillsEverything", func(t *testing.T) {
 		d := newDriver(t)
 		s := env.Start(t, d, runtime.Limits{}, nil)

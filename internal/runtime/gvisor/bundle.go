@@ -48,6 +48,11 @@ var rootCapabilities = []string{
 	"CAP_SETFCAP",
 }
 
+// agentOwnCapability is what the agent holds and commands do not: setting
+// the hostname takes it (runtime.AgentIdentifier). Docker inside gives
+// commands CAP_SYS_ADMIN anyway (dockerCapabilities).
+const agentOwnCapability = "CAP_SYS_ADMIN"
+
 // writeBundle writes config.json into dir, the sandbox's bundle
 // directory, which must exist. saved, when not nil, replaces the tmpfs
 // mounts and rlimits derived from spec (a restore must have what its
@@ -70,12 +75,18 @@ func ociSpec(spec runtime.Spec, saved *savedSpec) *specs.Spec {
 	tmpfs, rl := tmpfsMounts(spec), rlimits(spec.Limits)
 	var other []specs.Mount
 	var annotations map[string]string
+	env := agentEnv(spec)
 	if spec.Docker {
 		caps = append(caps, dockerCapabilities...)
 		var dt []specs.Mount
 		dt, other = dockerMounts(spec.Limits)
 		tmpfs = append(tmpfs, dt...)
 		annotations = map[string]string{dockerAnnotation: "true"}
+	} else {
+		// The agent's own (agent.OwnCapsEnv): dropped from the bounding
+		// set, so no command gets it, before the agent starts any.
+		caps = append(caps, agentOwnCapability)
+		env = append(env, agent.OwnCapsEnv+"="+agentOwnCapability)
 	}
 	if saved != nil {
 		tmpfs, rl = saved.Tmpfs, saved.Rlimits
@@ -87,7 +98,7 @@ func ociSpec(spec runtime.Spec, saved *savedSpec) *specs.Spec {
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
 			Args: []string{runtime.AgentMountPath, "agent"},
-			Env:  agentEnv(spec),
+			Env:  env,
 			Cwd:  "/",
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding:  caps,
@@ -231,6 +242,13 @@ func resources(id string, l runtime.Limits) *specs.LinuxResources {
 		if allowed, err := runtime.AllowedCPUs(); err == nil {
 			r.CPU.Cpus = runtime.CPUList(runtime.CPUs(id, l, allowed))
 		}
+	}
+	if l.Background {
+		if r.CPU == nil {
+			r.CPU = &specs.LinuxCPU{}
+		}
+		shares := l.CPUShares()
+		r.CPU.Shares = &shares
 	}
 	return r
 }

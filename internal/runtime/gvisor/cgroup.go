@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -113,4 +114,22 @@ func killProcs(dir string) {
 // Sentry and gofer included).
 func (d *Driver) Usage(_ context.Context, id string) (runtime.Usage, error) {
 	return runtime.CgroupUsage(cgroupRoot, filepath.Join("cubicle", id))
+}
+
+var _ runtime.CPUWeighter = (*Driver)(nil)
+
+// SetBackground implements runtime.CPUWeighter on the sandbox's host cpu
+// cgroup (runsc put the Sentry and gofer there).
+func (d *Driver) SetBackground(_ context.Context, id string, background bool) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("set CPU share of sandbox %q: malformed id: %w", id, errdefs.ErrInvalid)
+	}
+	dir := filepath.Join(cgroupRoot, "cpu", "cubicle", id)
+	if _, err := os.Stat(dir); err != nil {
+		dir = filepath.Join(cgroupRoot, "cubicle", id)
+	}
+	if err := runtime.SetCgroupBackground(dir, background); err != nil {
+		return fmt.Errorf("set CPU share of sandbox %s: %w", id, err)
+	}
+	return nil
 }

@@ -149,6 +149,13 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 }
 
 // Name implements runtime.Driver.
+var _ runtime.AgentIdentifier = (*Driver)(nil)
+
+// AgentSetsIdentity implements runtime.AgentIdentifier: the agent is
+// root of the guest's own kernel, CAP_SYS_ADMIN included, so a claimed
+// warm-pool instance takes its record's hostname from one agent call.
+func (d *Driver) AgentSetsIdentity() bool { return true }
+
 func (d *Driver) Name() string { return Name }
 
 // Accel is the accelerator the driver's VMs run on.

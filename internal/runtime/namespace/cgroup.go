@@ -63,7 +63,10 @@ func (cg cgroups) create(l runtime.Limits) error {
 				err = writeFile(dir, "pids.max", strconv.FormatInt(n, 10))
 			}
 		case "cpu":
-			if l.MilliCPUs > 0 {
+			if l.Background {
+				err = runtime.SetCgroupBackground(dir, true)
+			}
+			if err == nil && l.MilliCPUs > 0 {
 				const period = 100000
 				err = writeFile(dir, "cpu.cfs_period_us", strconv.Itoa(period))
 				if err == nil {
@@ -151,4 +154,20 @@ func exists(dir, name string) bool {
 // Usage implements runtime.Meter from the sandbox's cgroups.
 func (d *Driver) Usage(_ context.Context, id string) (runtime.Usage, error) {
 	return runtime.CgroupUsage(d.cgroupRoot, filepath.Join(d.cgroupParent, id))
+}
+
+var _ runtime.CPUWeighter = (*Driver)(nil)
+
+// SetBackground implements runtime.CPUWeighter on the sandbox's cpu
+// cgroup.
+func (d *Driver) SetBackground(_ context.Context, id string, background bool) error {
+	for _, cd := range d.cgroupsFor(id).dirs {
+		if cd.ctrl == "cpu" {
+			if err := runtime.SetCgroupBackground(cd.path, background); err != nil {
+				return fmt.Errorf("set CPU share of sandbox %s: %w", id, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("set CPU share of sandbox %s: the host has no cpu cgroup", id)
 }

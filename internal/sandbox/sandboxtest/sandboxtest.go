@@ -544,6 +544,28 @@ func (d *Driver) SetIdentity(_ context.Context, id, hostname, machineID string) 
 	return nil
 }
 
+// SetBackground implements runtime.CPUWeighter: the instance's spec
+// takes the share (Limits.Background).
+func (d *Driver) SetBackground(_ context.Context, id string, background bool) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in := d.boxes[id]
+	if in == nil {
+		return fmt.Errorf("fake driver: %s is not running", id)
+	}
+	in.spec.Limits.Background = background
+	return nil
+}
+
+// Background reports whether instance id runs at the background CPU
+// share (as booted, or as SetBackground last set it).
+func (d *Driver) Background(id string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	in := d.boxes[id]
+	return in != nil && in.spec.Limits.Background
+}
+
 // Identity is instance id's hostname and the machine-id SetIdentity gave
 // it ("" before).
 func (d *Driver) Identity(id string) (hostname, machineID string) {
