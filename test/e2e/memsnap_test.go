@@ -93,8 +93,10 @@ func TestMemorySnapshot(t *testing.T) {
 		r := newSandbox(t, c, sn.ID, func(r *protocol.CreateSandboxRequest) { r.Name = "restored" })
 		t.Logf("create from memory snapshot: %v", time.Since(t0))
 		wantCounting(t, c, r.Name, atCapture)
-		if got := mustRun(t, c, r.Name, "cat /root/f; hostname"); got != "on-disk\nparent\n" {
-			t.Fatalf("restored sandbox sees %q (want the parent's file and hostname)", got)
+		// Its memory is the parent's, its hostname its own (and /etc/hosts
+		// with it): the agent sets it before the create answers.
+		if got := mustRun(t, c, r.Name, "cat /root/f; hostname; grep -c restored /etc/hosts"); got != "on-disk\nrestored\n1\n" {
+			t.Fatalf("restored sandbox sees %q (want the parent's file, its own hostname and hosts line)", got)
 		}
 		// Branches diverge: a file written in one is not in the other.
 		mustRun(t, c, r.Name, "echo restored > /root/f")
@@ -113,6 +115,9 @@ func TestMemorySnapshot(t *testing.T) {
 		ids := map[string]string{"parent": strings.TrimSpace(mustRun(t, c, p.Name, "cat /etc/machine-id 2>/dev/null; true"))}
 		for _, b := range fork.Sandboxes {
 			wantCounting(t, c, b.Name, forkAt)
+			if got := mustRun(t, c, b.Name, "hostname"); got != b.Name+"\n" {
+				t.Fatalf("branch %s has hostname %q", b.Name, got)
+			}
 			id := strings.TrimSpace(mustRun(t, c, b.Name, "cat /etc/machine-id"))
 			for who, other := range ids {
 				if id == "" || id == other {

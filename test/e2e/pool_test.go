@@ -42,7 +42,8 @@ func poolClaims(t testing.TB, d *daemon, snap, result string) float64 {
 
 var machineID = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
-// TestWarmPool, on each runtime: a create from a snapshot with a pool
+// TestWarmPool, on each runtime (microvm included: its agent sets the
+// identity, runtime.AgentIdentifier): a create from a snapshot with a pool
 // claims a pre-booted instance, which then is the record's — its name as hostname (and
 // in /etc/hosts), a machine-id of its own, its env, the default limits,
 // and an agent taking the record's token — while a create the pool cannot
@@ -50,7 +51,7 @@ var machineID = regexp.MustCompile(`^[0-9a-f]{32}$`)
 // nothing behind once it restarts: the old instances are torn down and the
 // pool refilled, the host holding exactly what it held before.
 func TestWarmPool(t *testing.T) {
-	for _, rt := range runtimes() {
+	for _, rt := range withMicroVM() {
 		t.Run(rt, func(t *testing.T) { testWarmPool(t, rt) })
 	}
 }
@@ -67,9 +68,12 @@ func testWarmPool(t *testing.T, rt string) {
 
 	var ids []string
 	for _, name := range []string{"hit-one", "hit-two"} {
+		t0 := time.Now()
 		sb := newSandbox(t, c, base.ID, func(r *protocol.CreateSandboxRequest) {
 			r.Name, r.EnvVars = name, map[string]string{"GREETING": "hi " + name}
 		})
+		mustRun(t, c, name, "true")
+		t.Logf("%s: pool hit, create → first exec answered in %v", name, time.Since(t0))
 		lines := strings.Split(strings.TrimSpace(mustRun(t, c, name, `hostname; cat /etc/machine-id; echo "$GREETING"; grep -c "$(hostname)" /etc/hosts`)), "\n")
 		if len(lines) != 4 || lines[0] != name || !machineID.MatchString(lines[1]) || lines[2] != "hi "+name || lines[3] != "1" {
 			t.Fatalf("claimed %s: %q", name, lines)
@@ -87,7 +91,10 @@ func testWarmPool(t *testing.T, rt string) {
 	if hits := poolClaims(t, d, base.ID, "hit"); hits != 2 {
 		t.Fatalf("pool hits %v, want 2", hits)
 	}
+	t0 := time.Now()
 	cold := newSandbox(t, c, base.ID, func(r *protocol.CreateSandboxRequest) { r.Name, r.MemBytes = "cold", int64p(256<<20) })
+	mustRun(t, c, cold.Name, "true")
+	t.Logf("cold create → first exec answered in %v", time.Since(t0))
 	if misses := poolClaims(t, d, base.ID, "miss"); misses != 1 {
 		t.Fatalf("pool misses %v, want 1 (the 256 MiB create)", misses)
 	}
