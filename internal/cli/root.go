@@ -29,6 +29,7 @@ func Main(args []string) int {
 		newExecCmd(),
 		newCpCmd(),
 		newNSInitCmd(),
+		newVMJailCmd(),
 		newDiffCmd(),
 		newShareCmd(),
 		newInfoCmd(),

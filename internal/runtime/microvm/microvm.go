@@ -5,12 +5,14 @@
 //
 // The host prepares what it does for every driver — the rootfs overlay and
 // the netns — and the VM sees them as follows: the rootfs is served over
-// 9p (virtio-9p, QEMU's local backend, passthrough ownership), so the
-// upper dir on the host is the sandbox's disk exactly as for the other
-// drivers (captures, diffs, quotas, persistence); bind mounts are further
-// 9p shares; the network is a tap in the netns joined to the veth (see
-// net.go); the agent is /init of a per-boot initramfs (see package guest)
-// and is reached over TCP on the sandbox's address, like every agent.
+// 9p (virtio-9p, QEMU's local backend, passthrough ownership, through an
+// idmapped mount), so the upper dir on the host is the sandbox's disk
+// exactly as for the other drivers (captures, diffs, quotas, persistence);
+// bind mounts are further 9p shares; the network is a tap in the netns
+// joined to the veth (see net.go); the agent is /init of a per-boot
+// initramfs (see package guest) and is reached over TCP on the sandbox's
+// address, like every agent. QEMU itself runs unprivileged in a jail of
+// namespaces (see jail.go).
 //
 // Lock order: none; the driver keeps no in-memory state per sandbox. Its
 // state is stateDir/<id>/ (state.json names QEMU's process).
@@ -30,6 +32,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -41,6 +44,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/microvm/guest"
+	"github.com/cubicle-dev/cubicle/internal/runtime/userns"
 )
 
 // Name is the driver's --runtime name.
@@ -99,6 +103,9 @@ type Config struct {
 	Accel string
 	// Agent is the in-sandbox binary used by the KVM probe.
 	Agent string
+	// Jail is the binary re-executed as QEMU's jail: it must call Jail
+	// when its first argument is JailArg. Default: /proc/self/exe.
+	Jail string
 }
 
 // KVMProbeTimeout bounds the KVM probe's boot. A usable KVM boots the
@@ -110,6 +117,9 @@ const KVMProbeTimeout = 5 * time.Second
 type Driver struct {
 	cfg   Config
 	accel string
+
+	usernsMu sync.Mutex
+	usernsFD int // -1 until the first Start
 }
 
 var (
@@ -128,6 +138,14 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		}
 		cfg.QEMU = p
 	}
+	p, err := jailQEMU(cfg.QEMU)
+	if err != nil {
+		return nil, err
+	}
+	cfg.QEMU = p
+	if cfg.Jail == "" {
+		cfg.Jail = "/proc/self/exe"
+	}
 	if cfg.HostResolvConf == "" {
 		cfg.HostResolvConf = "/etc/resolv.conf"
 	}
@@ -137,7 +155,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("microvm: state dir: %w", err)
 	}
-	d := &Driver{cfg: cfg, accel: cfg.Accel}
+	d := &Driver{cfg: cfg, accel: cfg.Accel, usernsFD: -1}
 	switch cfg.Accel {
 	case AccelKVM, AccelTCG:
 	case "":
@@ -260,8 +278,8 @@ func validID(id string) error {
 }
 
 // Start implements runtime.Driver: it writes the sandbox's network files
-// and initramfs, starts QEMU inside the netns and joins its tap
-// to the veth. It returns once QEMU runs; the caller waits for the agent.
+// and initramfs, creates the tap in the netns, starts QEMU in its jail and
+// joins the tap to the veth. It returns once QEMU runs; the caller waits for the agent.
 func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 	if err := runtime.ValidateSpec(spec); err != nil {
 		return err
@@ -316,6 +334,12 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 	if err := writeInitrd(initrd, spec.AgentBinary, &gcfg); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
+	// QEMU reopens these through the fds it is handed, as its own uid.
+	for _, p := range []string{initrd, filepath.Join(dir, consoleFile)} {
+		if err := os.Chown(p, userns.HostIDBase, userns.HostIDBase); err != nil {
+			return fmt.Errorf("start %s: %w", spec.ID, err)
+		}
+	}
 	// The initramfs holds the token: it goes as soon as QEMU has loaded it.
 	defer os.Remove(initrd)
 
@@ -359,58 +383,106 @@ func guestBytes(l runtime.Limits) int64 {
 // the guest's boot is the caller's to wait for.
 const qemuReadyTimeout = 30 * time.Second
 
-// launch starts QEMU inside spec's netns and returns once it has set up
-// the machine (QMP answers), with the guest booting.
+// launch starts QEMU in its jail (see jail.go) and returns once it has set
+// up the machine (QMP answers), with the guest booting.
 //
 // QEMU runs in a session of its own (no signal to the daemon's group
-// reaches it) and in new pid, IPC and UTS namespaces, so a QEMU taken over
-// by its guest sees no host process to signal or trace, and its seccomp
-// filter refuses exec, privilege changes and obsolete syscalls. (QEMU's
-// -chroot is not used: its 9p backend changes modes through
-// /proc/self/fd, which a chroot hides.) It is deliberately not a child
-// the daemon must outlive: the daemon reaps it while it lives, the host's
-// init afterwards. Running it as an unprivileged user is not done yet:
-// 9p's passthrough ownership (files stay root-owned on disk, as for the
-// other runtimes) needs root's CAP_CHOWN.
+// reaches it); its seccomp filter refuses exec, privilege changes and
+// obsolete syscalls. It is deliberately not a child the daemon must
+// outlive: the daemon reaps it while it lives, the host's init afterwards.
 func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir string) (runtime.Process, error) {
+	usernsFD, err := d.userns()
+	if err != nil {
+		return runtime.Process{}, err
+	}
+	var j jailFiles
+	defer j.close()
+	if err := j.systemFiles(d.accel == AccelKVM); err != nil {
+		return runtime.Process{}, fmt.Errorf("qemu jail: %w", err)
+	}
+	root, mounts, err := j.exports(spec, usernsFD)
+	if err != nil {
+		return runtime.Process{}, fmt.Errorf("qemu jail: %w", err)
+	}
+	// Each file is the jail's as soon as it is open, so j.close closes it.
+	kernel, err := os.Open(d.cfg.Kernel)
+	if err != nil {
+		return runtime.Process{}, fmt.Errorf("guest kernel: %w", err)
+	}
+	kernelFD := j.add(kernel)
+	initrd, err := os.Open(filepath.Join(dir, initrdFile))
+	if err != nil {
+		return runtime.Process{}, fmt.Errorf("initramfs: %w", err)
+	}
+	initrdFD := j.add(initrd)
+	console, err := os.OpenFile(filepath.Join(dir, consoleFile), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return runtime.Process{}, fmt.Errorf("console log: %w", err)
+	}
+	consoleFD := j.add(console)
+	qmp, err := listenQMP(dir)
+	if err != nil {
+		return runtime.Process{}, err
+	}
+	qmpFD := j.add(qmp)
+	var tap *os.File
+	if err := inNetNS(spec.NetNS, func() (err error) { tap, err = openTap(); return err }); err != nil {
+		return runtime.Process{}, err
+	}
+	tapFD := j.add(tap)
+
 	args := machineArgs(d.accel, vcpus(spec.Limits), guestBytes(spec.Limits))
 	args = append(args,
-		"-kernel", d.cfg.Kernel, "-initrd", filepath.Join(dir, initrdFile),
+		// The state dir in the name is how Stop finds a QEMU whose state
+		// file is gone (see unrecorded).
+		"-name", "guest="+dir,
+		"-kernel", fdPath(kernelFD), "-initrd", fdPath(initrdFD),
 		"-append", "console=ttyS0 quiet panic=-1 rdinit=/init "+n.kernelArg(spec.Hostname),
-		"-serial", "file:"+filepath.Join(dir, consoleFile),
-		"-netdev", "tap,id=net0,ifname="+tapName+",script=no,downscript=no",
+		"-serial", "file:"+fdPath(consoleFD),
+		"-netdev", "tap,id=net0,fd="+strconv.Itoa(tapFD),
 		"-device", "virtio-net-device,netdev=net0,mac="+n.MAC.String(),
-		"-fsdev", "local,id=root,path="+spec.RootFS+",security_model=passthrough,multidevs=remap",
+		"-fsdev", "local,id=root,path="+root+",security_model=passthrough,multidevs=remap",
 		"-device", "virtio-9p-device,fsdev=root,mount_tag="+guest.RootTag,
 	)
 	for i, m := range spec.Mounts {
 		id := guest.MountTag(i)
-		fs := "local,id=" + id + ",path=" + m.Source + ",security_model=passthrough,multidevs=remap"
+		fs := "local,id=" + id + ",path=" + mounts[i] + ",security_model=passthrough,multidevs=remap"
 		if m.ReadOnly {
 			fs += ",readonly=on"
 		}
 		args = append(args, "-fsdev", fs, "-device", "virtio-9p-device,fsdev="+id+",mount_tag="+id)
 	}
 	args = append(args,
-		// Relative to QEMU's working dir (the state dir): the full path
-		// may not fit a unix socket address.
-		"-qmp", "unix:"+qmpSocket+",server=on,wait=off",
+		"-chardev", "socket,id=qmp,server=on,wait=off,fd="+strconv.Itoa(qmpFD),
+		"-mon", "chardev=qmp,mode=control",
 		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
 	)
+	cfg, err := json.Marshal(jailConfig{Mounts: j.mounts, Symlinks: j.symlinks, Argv: append([]string{d.cfg.QEMU}, args...)})
+	if err != nil {
+		return runtime.Process{}, err
+	}
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return runtime.Process{}, err
+	}
+	defer cfgR.Close()
+	defer cfgW.Close()
 	logf, err := os.OpenFile(filepath.Join(dir, qemuLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return runtime.Process{}, fmt.Errorf("qemu log: %w", err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(d.cfg.QEMU, args...)
-	cmd.Dir = dir
+	cmd := exec.Command(d.cfg.Jail, JailArg)
+	cmd.Env = []string{}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setsid:     true,
-		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
-	}
-	if err := inNetNS(spec.NetNS, cmd.Start); err != nil {
-		return runtime.Process{}, fmt.Errorf("start qemu: %w", err)
+	cmd.ExtraFiles = append([]*os.File{cfgR}, j.files...)
+	cmd.SysProcAttr = jailAttr(d.accel == AccelKVM)
+	err = cmd.Start()
+	// QEMU holds them now: a QEMU that dies closes the QMP socket, and
+	// the wait below sees it.
+	j.close()
+	if err != nil {
+		return runtime.Process{}, fmt.Errorf("start qemu jail: %w", err)
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
@@ -419,16 +491,18 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir 
 		cmd.Process.Kill()
 		return runtime.Process{}, err
 	}
+	if _, err := cfgW.Write(cfg); err != nil {
+		proc.Kill(context.WithoutCancel(ctx))
+		return runtime.Process{}, fmt.Errorf("send jail config: %w", err)
+	}
+	cfgW.Close()
 	// QMP answers from QEMU's main loop, which runs once the machine is
 	// built: the kernel and initramfs are in guest memory by then.
-	sock := filepath.Join(dir, qmpSocket)
 	ctx, cancel := context.WithTimeout(ctx, qemuReadyTimeout)
 	defer cancel()
 	for {
-		if _, err := os.Stat(sock); err == nil {
-			if _, err := d.qmpRun(ctx, spec.ID, "query-status", nil); err == nil {
-				return proc, nil
-			}
+		if _, err := d.qmpRun(ctx, spec.ID, "query-status", nil); err == nil {
+			return proc, nil
 		}
 		select {
 		case <-exited:
@@ -442,7 +516,78 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir 
 	}
 }
 
-// mountConsole mounts the console log's tmpfs in dir.
+// jailAttr starts the jail as root of a new user namespace with the
+// sandbox id mapping (host HostIDBase.., no supplementary groups) in new
+// mount, pid, IPC, UTS, cgroup and network namespaces. On KVM, the
+// group of /dev/kvm is mapped too (to an id past the sandbox's range) and
+// kept as QEMU's one supplementary group, so it may open the device.
+func jailAttr(kvm bool) *syscall.SysProcAttr {
+	gids := userns.IDMap()
+	cred := &syscall.Credential{Uid: 0, Gid: 0}
+	if fi, err := os.Stat("/dev/kvm"); err == nil && kvm {
+		if g := fi.Sys().(*syscall.Stat_t).Gid; g != 0 && fi.Mode().Perm()&0o060 == 0o060 {
+			gids = append(gids, syscall.SysProcIDMap{ContainerID: userns.IDMapSize, HostID: int(g), Size: 1})
+			cred.Groups = []uint32{userns.IDMapSize}
+		}
+	}
+	return &syscall.SysProcAttr{
+		Setsid: true,
+		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC |
+			syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNET,
+		UidMappings: userns.IDMap(),
+		GidMappings: gids,
+		// setgroups must be allowed to clear the daemon's groups (root's
+		// among them): they would stay otherwise.
+		GidMappingsEnableSetgroups: true,
+		Credential:                 cred,
+	}
+}
+
+// userns returns the cached namespace the 9p exports are idmapped with,
+// creating it on first use (its holder process is the jail binary, which
+// blocks on its config pipe).
+func (d *Driver) userns() (int, error) {
+	d.usernsMu.Lock()
+	defer d.usernsMu.Unlock()
+	if d.usernsFD >= 0 {
+		return d.usernsFD, nil
+	}
+	fd, err := userns.New([]string{d.cfg.Jail, JailArg})
+	if err != nil {
+		return -1, fmt.Errorf("idmapping user namespace: %w", err)
+	}
+	d.usernsFD = fd
+	return fd, nil
+}
+
+// listenQMP binds and listens on the QMP socket in dir, for QEMU to
+// accept on: QEMU never names a path of the host. The address is reached
+// through /proc/self/fd of dir, as its full path may not fit a unix
+// socket address.
+func listenQMP(dir string) (*os.File, error) {
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("qmp socket: %w", err)
+	}
+	defer unix.Close(dfd)
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("qmp socket: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), qmpSocket)
+	addr := &unix.SockaddrUnix{Name: filepath.Join("/proc/self/fd", strconv.Itoa(dfd), qmpSocket)}
+	if err := unix.Bind(fd, addr); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("bind qmp socket: %w", err)
+	}
+	if err := unix.Listen(fd, 4); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("listen on qmp socket: %w", err)
+	}
+	return f, nil
+}
+
+// mountConsole mounts the console log's tmpfs in dir and creates the log.
 func mountConsole(dir string) error {
 	p := filepath.Join(dir, consoleDir)
 	if err := os.Mkdir(p, 0o700); err != nil {
@@ -451,7 +596,11 @@ func mountConsole(dir string) error {
 	if err := unix.Mount("tmpfs", p, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, fmt.Sprintf("mode=0700,size=%d", consoleBytes)); err != nil {
 		return fmt.Errorf("console tmpfs: %w", err)
 	}
-	return nil
+	f, err := os.OpenFile(filepath.Join(dir, consoleFile), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("console log: %w", err)
+	}
+	return f.Close()
 }
 
 // unmountConsole undoes mountConsole; a dir without it is fine.
@@ -588,10 +737,10 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	return nil
 }
 
-// unrecorded finds a QEMU running for id by its command line (its files
-// are under id's state dir).
+// unrecorded finds a QEMU running for id by its command line (its -name is
+// id's state dir).
 func (d *Driver) unrecorded(id string) (runtime.Process, bool) {
-	mark := []byte(d.dir(id) + "/")
+	mark := []byte("\x00guest=" + d.dir(id) + "\x00")
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())

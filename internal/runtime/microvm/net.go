@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	goruntime "runtime"
 
 	"github.com/vishvananda/netlink"
@@ -176,4 +177,26 @@ func disconnect(nsPath, link string) error {
 func isZeroPrefix(n *net.IPNet) bool {
 	ones, _ := n.Mask.Size()
 	return ones == 0
+}
+
+// openTap creates tapName in the calling thread's netns and returns its
+// queue for QEMU (which then needs neither the netns nor CAP_NET_ADMIN).
+// The device lives while a queue is open: it goes with QEMU. Its flags are
+// those QEMU asks for when it opens a tap itself.
+func openTap() (*os.File, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open /dev/net/tun: %w", err)
+	}
+	ifr, err := unix.NewIfreq(tapName)
+	if err != nil {
+		unix.Close(fd)
+		return nil, err
+	}
+	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("create %s: %w", tapName, err)
+	}
+	return os.NewFile(uintptr(fd), tapName), nil
 }

@@ -37,15 +37,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
-)
-
-const (
-	// hostIDBase is the host uid/gid that root inside every sandbox maps
-	// to. All sandboxes share one range; they are isolated from each other
-	// by mount and pid namespaces, not by ids.
-	hostIDBase = 1_000_000
-	// idMapSize is the number of ids mapped (0..65535 inside).
-	idMapSize = 65536
+	"github.com/cubicle-dev/cubicle/internal/runtime/userns"
 )
 
 var _ runtime.Driver = (*Driver)(nil)
@@ -137,7 +129,7 @@ func (d *Driver) userns() (int, error) {
 	if d.usernsFD >= 0 {
 		return d.usernsFD, nil
 	}
-	fd, err := newUserns(d.initPath)
+	fd, err := userns.New([]string{d.initPath, InitArg})
 	if err != nil {
 		return -1, err
 	}

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/runtime/userns"
 )
 
 // InitArg is the first argument that makes a binary act as the sandbox init
@@ -121,7 +122,7 @@ func setupRoot(cfg initConfig) error {
 	}
 	// proc must be made while the host's tree is still visible: the kernel
 	// refuses proc in a user namespace unless a full proc is visible.
-	proc, err := newFS("proc", nil, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+	proc, err := userns.NewFS("proc", nil, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
 		return err
 	}
@@ -153,10 +154,10 @@ func setupRoot(cfg initConfig) error {
 		return err
 	}
 	// From here every path resolves inside the sandbox's root.
-	if err := attach(proc, "/proc", false); err != nil {
+	if err := userns.Attach(proc, "/proc", false); err != nil {
 		return err
 	}
-	if err := attach(cfg.SysFD, "/sys", false); err != nil {
+	if err := userns.Attach(cfg.SysFD, "/sys", false); err != nil {
 		return err
 	}
 	if cfg.CPUInfo != "" {
@@ -168,7 +169,7 @@ func setupRoot(cfg initConfig) error {
 		return err
 	}
 	for _, m := range mounts[1:] {
-		if err := attach(m.FD, m.Target, m.File); err != nil {
+		if err := userns.Attach(m.FD, m.Target, m.File); err != nil {
 			return err
 		}
 		unix.Close(m.FD)
@@ -184,7 +185,7 @@ const devBytes = 1 << 20
 // symlinks. Device nodes are bound from the host by the caller (mounts with
 // /dev/ targets).
 func setupDev(shmBytes int64) error {
-	if err := ensure("/dev", false); err != nil {
+	if err := userns.Ensure("/dev", false); err != nil {
 		return err
 	}
 	if err := unix.Mount("tmpfs", "/dev", "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, fmt.Sprintf("mode=0755,size=%d", devBytes)); err != nil {
@@ -219,7 +220,7 @@ func setupDev(shmBytes int64) error {
 // it and charged to the sandbox, that is attached nowhere else: remounted
 // writable from inside, it could hold nothing of the host's.
 func maskFile(target, content string) error {
-	fs, err := newFS("tmpfs", map[string]string{"size": strconv.Itoa(len(content) + 4096), "mode": "0755"},
+	fs, err := userns.NewFS("tmpfs", map[string]string{"size": strconv.Itoa(len(content) + 4096), "mode": "0755"},
 		unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 	if err != nil {
 		return err
@@ -247,68 +248,5 @@ func maskFile(target, content string) error {
 	if err := unix.MountSetattr(file, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		return fmt.Errorf("mask %s: mount_setattr: %w", target, err)
 	}
-	return attach(file, target, true)
-}
-
-// newFS creates a detached mount of a fresh filesystem configured with
-// config (e.g. source, size).
-func newFS(fstype string, config map[string]string, attrs int) (int, error) {
-	fs, err := unix.Fsopen(fstype, unix.FSOPEN_CLOEXEC)
-	if err != nil {
-		return -1, fmt.Errorf("fsopen %s: %w", fstype, err)
-	}
-	defer unix.Close(fs)
-	for k, v := range config {
-		if err := unix.FsconfigSetString(fs, k, v); err != nil {
-			return -1, fmt.Errorf("%s %s: %w", fstype, k, err)
-		}
-	}
-	if err := unix.FsconfigCreate(fs); err != nil {
-		return -1, fmt.Errorf("create %s: %w", fstype, err)
-	}
-	fd, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, attrs)
-	if err != nil {
-		return -1, fmt.Errorf("fsmount %s: %w", fstype, err)
-	}
-	return fd, nil
-}
-
-// attach moves the detached mount fd onto target, creating the mount point.
-func attach(fd int, target string, file bool) error {
-	if err := ensure(target, file); err != nil {
-		return err
-	}
-	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("mount %s: %w", target, err)
-	}
-	return nil
-}
-
-// ensure creates a mount point (and its parents) when missing. A dangling
-// symlink (e.g. /etc/resolv.conf → a systemd runtime file) is replaced.
-// These writes land in the sandbox's upper dir, never in image layers.
-func ensure(p string, file bool) error {
-	if _, err := os.Stat(p); err == nil {
-		return nil
-	}
-	if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		if err := os.Remove(p); err != nil {
-			return fmt.Errorf("mount point %s: %w", p, err)
-		}
-	}
-	dir := p
-	if file {
-		dir = path.Dir(p)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("mount point %s: %w", p, err)
-	}
-	if file {
-		f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o644)
-		if err != nil {
-			return fmt.Errorf("mount point %s: %w", p, err)
-		}
-		f.Close()
-	}
-	return nil
+	return userns.Attach(file, target, true)
 }

@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/runtime/userns"
 )
 
 // fdMount tells init to attach the detached mount it received as fd FD at
@@ -48,7 +49,7 @@ var hostDevices = [...]string{"null", "zero", "full", "random", "urandom", "tty"
 // host's disk.
 func (d *Driver) hostMounts(spec runtime.Spec, usernsFD int) (*detachedMounts, error) {
 	m := &detachedMounts{}
-	root, err := idmappedRoot(spec.RootFS, usernsFD)
+	root, err := userns.IdmappedRoot(spec.RootFS, usernsFD)
 	if err != nil {
 		return m, fmt.Errorf("rootfs: %w", err)
 	}
@@ -59,7 +60,7 @@ func (d *Driver) hostMounts(spec runtime.Spec, usernsFD int) (*detachedMounts, e
 	}
 	m.add(agent, runtime.AgentMountPath, true)
 	for _, bind := range spec.Mounts {
-		fd, err := idmapTree(bind.Source, usernsFD)
+		fd, err := userns.IdmapTree(bind.Source, usernsFD)
 		if err != nil {
 			return m, err
 		}

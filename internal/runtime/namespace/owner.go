@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/runtime/userns"
 )
 
 // Each running sandbox's user namespace is created by a host uid of its own
@@ -100,11 +101,11 @@ func startAs(owner int, start func() error) (ok bool, err error) {
 	return true, startErr
 }
 
-// writeIDMaps maps the sandbox's ids 0..idMapSize-1 to hostIDBase.. in the
-// user namespace of pid. The daemon writes them, not the child, because the
+// writeIDMaps writes the sandbox id mapping (userns.IDMap) in the user
+// namespace of pid. The daemon writes them, not the child, because the
 // namespace's owner has no capability over the host's ids.
 func writeIDMaps(pid int) error {
-	m := fmt.Sprintf("0 %d %d\n", hostIDBase, idMapSize)
+	m := fmt.Sprintf("0 %d %d\n", userns.HostIDBase, userns.IDMapSize)
 	for _, f := range []string{"uid_map", "gid_map"} {
 		if err := os.WriteFile(fmt.Sprintf("/proc/%d/%s", pid, f), []byte(m), 0); err != nil {
 			return fmt.Errorf("write %s: %w", f, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/runtime/userns"
 )
 
 // Start implements runtime.Driver. It returns once the agent has been exec'd
@@ -190,7 +191,7 @@ func (d *Driver) spawn(spec runtime.Spec, mounts []*os.File, owner int) (*exec.C
 	// sysfs shows the network devices of the netns it is mounted from, so
 	// it is made here, on the thread that joined the sandbox's netns.
 	sysfs := func() error {
-		fd, err := newFS("sysfs", map[string]string{"source": "sysfs"}, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+		fd, err := userns.NewFS("sysfs", map[string]string{"source": "sysfs"}, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
 		if err != nil {
 			return err
 		}

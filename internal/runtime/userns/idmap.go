@@ -1,4 +1,4 @@
-package namespace
+package userns
 
 import (
 	"bufio"
@@ -14,9 +14,9 @@ import (
 )
 
 // Overlayfs cannot itself be idmapped (it lacks FS_ALLOW_IDMAP: mount_setattr
-// returns EINVAL), and a bind of it is the same superblock. So the driver
+// returns EINVAL), and a bind of it is the same superblock. So IdmappedRoot
 // builds the sandbox's own overlay over the same layers, with every layer
-// idmapped (on-disk 0 ↔ host 1_000_000, the sandbox's root), mounted with the
+// idmapped (on-disk 0 ↔ host HostIDBase, the sandbox's root), mounted with the
 // mounter's fsuid set to the sandbox root so that overlayfs's own work-dir and
 // copy-up operations also map. The result: image files owned by 0 appear owned
 // by root inside, and files created inside land in the upper dir owned by 0,
@@ -35,21 +35,21 @@ type overlayLayers struct {
 	work  string
 }
 
-// idmappedRoot returns a detached mount (an fd for move_mount) of rootfs in
+// IdmappedRoot returns a detached mount (an fd for move_mount) of rootfs in
 // which ids are shifted by the user namespace usernsFD.
-func idmappedRoot(rootfs string, usernsFD int) (int, error) {
+func IdmappedRoot(rootfs string, usernsFD int) (int, error) {
 	layers, isOverlay, err := findOverlay(rootfs)
 	if err != nil {
 		return -1, err
 	}
 	if !isOverlay {
-		return idmapTree(rootfs, usernsFD)
+		return IdmapTree(rootfs, usernsFD)
 	}
 	return idmappedOverlay(layers, usernsFD)
 }
 
-// idmapTree clones the mount at path and idmaps the clone.
-func idmapTree(path string, usernsFD int) (int, error) {
+// IdmapTree clones the mount at path and idmaps the clone.
+func IdmapTree(path string, usernsFD int) (int, error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("open_tree %s: %w", path, err)
@@ -73,7 +73,7 @@ func idmappedOverlay(l overlayLayers, usernsFD int) (int, error) {
 	}()
 	var lowers []int
 	for _, p := range l.lower {
-		fd, err := idmapTree(p, usernsFD)
+		fd, err := IdmapTree(p, usernsFD)
 		if err != nil {
 			return -1, err
 		}
@@ -85,7 +85,7 @@ func idmappedOverlay(l overlayLayers, usernsFD int) (int, error) {
 	if filepath.Dir(l.work) != parent {
 		return -1, fmt.Errorf("overlay upper %s and work %s are not siblings", l.upper, l.work)
 	}
-	pfd, err := idmapTree(parent, usernsFD)
+	pfd, err := IdmapTree(parent, usernsFD)
 	if err != nil {
 		return -1, err
 	}
@@ -112,7 +112,7 @@ func idmappedOverlay(l overlayLayers, usernsFD int) (int, error) {
 	ch := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		fd, err := mountOverlayAs(lowers, upper, work, hostIDBase)
+		fd, err := mountOverlayAs(lowers, upper, work, HostIDBase)
 		ch <- result{fd, err}
 	}()
 	r := <-ch
@@ -281,10 +281,11 @@ func unescapeMountinfo(s string) string {
 	return b.String()
 }
 
-// newUserns starts a placeholder process in a fresh user namespace with the
-// sandbox id mapping and returns an fd of that namespace. Idmapped mounts
-// take their mapping from it; the namespace outlives the process.
-func newUserns(initPath string) (int, error) {
+// New starts argv (a command that blocks reading fd 3 until EOF, and is
+// killed here) in a fresh user namespace with the sandbox id mapping and
+// returns an fd of that namespace. Idmapped mounts take their mapping from
+// it; the namespace outlives the process.
+func New(argv []string) (int, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return -1, err
@@ -296,17 +297,16 @@ func newUserns(initPath string) (int, error) {
 		return -1, err
 	}
 	defer null.Close()
-	// The init binary blocks reading its config pipe (fd 3) until we close w.
 	attr := &syscall.ProcAttr{
 		Files: []uintptr{null.Fd(), null.Fd(), null.Fd(), r.Fd()},
 		Sys: &syscall.SysProcAttr{
 			Cloneflags:  unix.CLONE_NEWUSER,
-			UidMappings: idMap(),
-			GidMappings: idMap(),
+			UidMappings: IDMap(),
+			GidMappings: IDMap(),
 			Pdeathsig:   syscall.SIGKILL,
 		},
 	}
-	pid, err := syscall.ForkExec(initPath, []string{initPath, InitArg}, attr)
+	pid, err := syscall.ForkExec(argv[0], argv, attr)
 	if err != nil {
 		return -1, fmt.Errorf("start userns holder: %w", err)
 	}
@@ -320,8 +320,4 @@ func newUserns(initPath string) (int, error) {
 		return -1, fmt.Errorf("open userns: %w", err)
 	}
 	return fd, nil
-}
-
-func idMap() []syscall.SysProcIDMap {
-	return []syscall.SysProcIDMap{{ContainerID: 0, HostID: hostIDBase, Size: idMapSize}}
 }
