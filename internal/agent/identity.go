@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -92,20 +91,9 @@ func (s *Server) handleIdentity(w http.ResponseWriter, r *http.Request) {
 
 // SetIdentity gives the sandbox hostname and, when not empty, machineID
 // (POST /v1/identity). An agent without the capability it takes answers
-// 403 NotPermitted (errdefs-free: callers check *HTTPError's Status).
+// 403 NotPermitted (callers check *HTTPError's Status).
 func (c *Client) SetIdentity(ctx context.Context, hostname, machineID string) error {
-	body, err := json.Marshal(IdentityRequest{Hostname: hostname, MachineID: machineID})
-	if err != nil {
-		return fmt.Errorf("agent: set identity: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.answer)
-	defer cancel()
-	resp, err := c.do(ctx, http.MethodPost, "/v1/identity", nil, http.Header{"Content-Type": {"application/json"}}, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	defer drain(resp)
-	if err := checkStatus(resp, http.StatusNoContent); err != nil {
+	if err := c.postJSON(ctx, "/v1/identity", IdentityRequest{Hostname: hostname, MachineID: machineID}); err != nil {
 		return fmt.Errorf("agent: set identity: %w", err)
 	}
 	return nil

@@ -94,20 +94,26 @@ func (s *Server) handleRotateToken(w http.ResponseWriter, r *http.Request) {
 // RotateToken makes the agent accept only token from now on, and this
 // client use it.
 func (c *Client) RotateToken(ctx context.Context, token string) error {
-	body, err := json.Marshal(RotateTokenRequest{Token: token})
-	if err != nil {
-		return fmt.Errorf("agent: rotate token: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, c.answer)
-	defer cancel()
-	resp, err := c.do(ctx, http.MethodPost, "/v1/token", nil, http.Header{"Content-Type": {"application/json"}}, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	defer drain(resp)
-	if err := checkStatus(resp, http.StatusNoContent); err != nil {
+	if err := c.postJSON(ctx, "/v1/token", RotateTokenRequest{Token: token}); err != nil {
 		return fmt.Errorf("agent: rotate token: %w", err)
 	}
 	c.setToken(token)
 	return nil
+}
+
+// postJSON POSTs v as JSON to path, for the agent's calls that answer 204
+// and nothing else, within the client's answer deadline.
+func (c *Client) postJSON(ctx context.Context, path string, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.answer)
+	defer cancel()
+	resp, err := c.do(ctx, http.MethodPost, path, nil, http.Header{"Content-Type": {"application/json"}}, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	defer drain(resp)
+	return checkStatus(resp, http.StatusNoContent)
 }

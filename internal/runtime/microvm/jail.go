@@ -105,22 +105,7 @@ func runJail() error {
 	if err != nil {
 		return err
 	}
-	if err := unix.MoveMount(root, "", unix.AT_FDCWD, "/tmp", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attach root: %w", err)
-	}
-	unix.Close(root)
-	if err := unix.Chdir("/tmp"); err != nil {
-		return fmt.Errorf("chdir root: %w", err)
-	}
-	// pivot_root(".", ".") stacks the old root on the new one; detaching
-	// it leaves the host's tree unreachable.
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("pivot_root: %w", err)
-	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detach old root: %w", err)
-	}
-	if err := unix.Chdir("/"); err != nil {
+	if err := userns.PivotInto(root, "/tmp"); err != nil {
 		return err
 	}
 	if err := userns.Attach(proc, "/proc", false); err != nil {

@@ -135,22 +135,7 @@ func setupRoot(cfg initConfig) error {
 	if err := unix.Mkdir("/tmp/root", 0o700); err != nil {
 		return fmt.Errorf("scratch dir: %w", err)
 	}
-	if err := unix.MoveMount(mounts[0].FD, "", unix.AT_FDCWD, "/tmp/root", unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
-		return fmt.Errorf("attach rootfs: %w", err)
-	}
-	unix.Close(mounts[0].FD)
-	if err := unix.Chdir("/tmp/root"); err != nil {
-		return fmt.Errorf("chdir rootfs: %w", err)
-	}
-	// pivot_root(".", ".") stacks the old root on the new one; detaching it
-	// leaves the host's tree unreachable (no put_old dir in the image).
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("pivot_root: %w", err)
-	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detach old root: %w", err)
-	}
-	if err := unix.Chdir("/"); err != nil {
+	if err := userns.PivotInto(mounts[0].FD, "/tmp/root"); err != nil {
 		return err
 	}
 	// From here every path resolves inside the sandbox's root.

@@ -71,3 +71,24 @@ func Ensure(p string, file bool) error {
 	}
 	return nil
 }
+
+// PivotInto attaches the detached mount fd at dir (an existing directory),
+// closes fd and makes the mount the process's root: pivot_root(".", ".")
+// stacks the old root on the new one, and detaching it leaves the host's
+// tree unreachable (no put_old directory is needed in the new root).
+func PivotInto(fd int, dir string) error {
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, dir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach new root: %w", err)
+	}
+	unix.Close(fd)
+	if err := unix.Chdir(dir); err != nil {
+		return fmt.Errorf("chdir new root: %w", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	return unix.Chdir("/")
+}
