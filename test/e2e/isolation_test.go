@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -107,6 +108,35 @@ done`, lport, aport, lport, strings.TrimPrefix(d.Endpoint, "http://"))
 					t.Fatalf("sandbox b reachable from a (b ip %q): %q", bip, out)
 				}
 			})
+			// Not on microvm: root there keeps CAP_SYS_ADMIN of the guest's
+			// own kernel (TestOwnKernel checks what it lacks).
+			capabilities := func(t *testing.T) {
+				// The gvisor agent holds CAP_SYS_ADMIN for itself (it sets a
+				// claimed instance's hostname); its commands must not: it
+				// would let root remount, set the hostname, and lift
+				// RLIMIT_NPROC (the fork-bomb bound) off every process.
+				out := mustRun(t, c, a.Name, "grep -E '^Cap(Eff|Prm|Bnd|Inh|Amb):' /proc/self/status; hostname evil-name 2>&1 && echo SETHOSTNAME-OK; mkdir -p /tmp/m && mount -t tmpfs none /tmp/m 2>&1 && echo MOUNT-OK; true")
+				const sysAdmin = 21
+				for _, line := range strings.Split(out, "\n") {
+					k, v, ok := strings.Cut(line, ":")
+					if !ok || !strings.HasPrefix(k, "Cap") {
+						continue
+					}
+					mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+					if err != nil {
+						t.Fatalf("%s: %v", line, err)
+					}
+					if mask&(1<<sysAdmin) != 0 {
+						t.Errorf("a command holds CAP_SYS_ADMIN in %s (%s)", k, strings.TrimSpace(v))
+					}
+				}
+				if strings.Contains(out, "SETHOSTNAME-OK") || strings.Contains(out, "MOUNT-OK") || !strings.Contains(out, "CapBnd") {
+					t.Errorf("root inside could set the hostname or mount:\n%s", out)
+				}
+			}
+			if rt != "microvm" {
+				t.Run("capabilities", capabilities)
+			}
 			t.Run("memory hog", func(t *testing.T) {
 				mustRun(t, c, a.Name, "echo kept > /root/before-hog")
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -8,6 +8,10 @@
 //
 // With the argument "hog N" it allocates and touches N MiB, prints "held",
 // then sleeps (a memory hog for limit tests).
+//
+// Like the agent, it honours CUBICLE_AGENT_OWN_CAPS (agent.OwnCapsEnv):
+// the driver gives PID 1 CAP_SYS_ADMIN for itself, and a PID 1 that kept
+// it in its commands' bounding set would lift RLIMIT_NPROC off them.
 package main
 
 import (
@@ -17,13 +21,22 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func main() {
 	if len(os.Args) == 3 && os.Args[1] == "hog" {
 		hog(os.Args[2])
 		return
+	}
+	if os.Getenv("CUBICLE_AGENT_OWN_CAPS") == "CAP_SYS_ADMIN" {
+		if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0); e != 0 {
+			fmt.Fprintln(os.Stderr, "standin: drop CAP_SYS_ADMIN:", e)
+			os.Exit(1)
+		}
 	}
 	port := os.Getenv("STANDIN_PORT")
 	if port == "" {
