@@ -103,6 +103,9 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox, held ma
 		}
 		log.Warn("running sandbox not re-adopted; stopping it", "err", err)
 		msg := "found not running after a daemon restart; the next request starts it again"
+		if _, derr := m.driverOf(sb); derr != nil {
+			msg = "stopped by a daemon restart: " + derr.Error()
+		}
 		remount := errors.Is(err, errMountsGone)
 		if remount {
 			msg = "restarted after a daemon restart: " + errMountsGone.Error()

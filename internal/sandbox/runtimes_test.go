@@ -209,7 +209,7 @@ func TestReadoptPerRuntime(t *testing.T) {
 	if err := e.m.Recover(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got := e.get(t, b.ID); got.Status != protocol.StatusStopped || got.Runtime != "second" {
+	if got := e.get(t, b.ID); got.Status != protocol.StatusStopped || got.Runtime != "second" || !strings.Contains(got.StatusMessage, "does not serve") {
 		t.Fatalf("sandbox of an unserved runtime: %s on %q", got.Status, got.Runtime)
 	}
 	if c, _ := e.m.instance(a.ID); c == nil {
