@@ -12,9 +12,9 @@ import (
 
 // TestMixedRuntimes runs one daemon serving gvisor (the default) and
 // microvm: a sandbox of each, on its own kernel, both answering; the
-// microVM keeps its files across stop/start on its runtime; /healthz
-// lists both; a runtime the daemon does not serve is a 422 naming the
-// field and the runtimes served.
+// microVM keeps its files across stop/start on its runtime; a daemon
+// restart re-adopts both; /healthz lists both runtimes; one the daemon
+// does not serve is a 422 naming the field and the runtimes served.
 func TestMixedRuntimes(t *testing.T) {
 	ref := testImage(t)
 	d := startDaemon(t, "gvisor,microvm", "")
@@ -56,6 +56,21 @@ func TestMixedRuntimes(t *testing.T) {
 	}
 	if got := mustRun(t, c, g.Name, "echo still"); got != "still\n" {
 		t.Fatalf("gvisor sandbox: %q", got)
+	}
+
+	// A restarted daemon re-adopts each on its own runtime: both are
+	// ready before anything wakes them, and answer from the same kernel.
+	d.stop()
+	d.start()
+	c = d.Client
+	for name, kernel := range map[string]string{g.Name: kg, v.Name: kv} {
+		sb, err := c.GetSandbox(ctx, name)
+		if err != nil || sb.Status != protocol.StatusReady || sb.StatusMessage != "" {
+			t.Fatalf("%s after a daemon restart: %+v %v", name, sb, err)
+		}
+		if got := strings.TrimSpace(mustRun(t, c, name, "uname -r")); got != kernel {
+			t.Fatalf("%s after a daemon restart runs %q, want %q", name, got, kernel)
+		}
 	}
 
 	_, err = c.CreateSandbox(ctx, protocol.CreateSandboxRequest{SnapshotID: sn.ID, Name: "on-ns", Runtime: "namespace"})
