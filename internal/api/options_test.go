@@ -14,6 +14,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/image"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/internal/sandbox/sandboxtest"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -71,7 +72,7 @@ func newRealAPI(t *testing.T) *realAPI {
 		t.Fatal(err)
 	}
 	cfg := sandbox.Config{Store: st, Storage: sandboxtest.NewStorage(filepath.Join(dir, "storage")), Network: sandboxtest.NewNetwork(),
-		Driver: drv, AgentPort: drv.AgentPort, Images: noImages{}, Logger: slog.New(slog.DiscardHandler),
+		Drivers: []runtime.Driver{drv}, AgentPort: drv.AgentPort, Images: noImages{}, Logger: slog.New(slog.DiscardHandler),
 		TTLGranularity: time.Second, ReapInterval: time.Hour, Limits: sandbox.DefaultLimits}
 	mgr, err := sandbox.New(cfg)
 	if err != nil {
@@ -173,6 +174,8 @@ func TestClientMembersHonouredOrRefused(t *testing.T) {
 		{"mount_config", "POST", boxes, mk("c-mount", map[string]any{"mount_config": map[string]any{"mounts": []any{map[string]any{"id": "m", "type": "git"}}}}), refused},
 		{"tag_value_ids", "POST", boxes, mk("c-tags", map[string]any{"tag_value_ids": []string{"t"}}), refused},
 		{"size_class", "POST", boxes, mk("c-unknown", map[string]any{"size_class": "xl"}), refused},
+		{"runtime", "POST", boxes, mk("c-rt", map[string]any{"runtime": "fake"}), eq("runtime", "fake")},
+		{"runtime", "POST", boxes, mk("c-rt2", map[string]any{"runtime": "microvm"}), refused},
 		// PATCH /boxes/{name} (UpdateSandboxOptions and BoxUpdateParams).
 		{"idle_ttl_seconds", "PATCH", boxes + "/box", map[string]any{"idle_ttl_seconds": 300}, eq("idle_ttl_seconds", 300)},
 		{"delete_after_stop_seconds", "PATCH", boxes + "/box", map[string]any{"delete_after_stop_seconds": 240}, eq("delete_after_stop_seconds", 240)},

@@ -53,7 +53,8 @@ func TestRouting(t *testing.T) {
 		t.Fatalf("unknown path: %d %v", st, body)
 	}
 	st, body := ta.do(t, "GET", "/healthz", "", nil)
-	if st != 200 || field(body, "runtime") != "fake-runtime" || field(body, "storage") != "fake-storage" {
+	if st != 200 || field(body, "runtime") != "fake-runtime" || field(body, "storage") != "fake-storage" ||
+		fmt.Sprint(body.(map[string]any)["runtimes"]) != "[map[name:fake-runtime]]" {
 		t.Fatalf("healthz: %d %v", st, body)
 	}
 	req := httptest.NewRequest("GET", "/v2/sandboxes/boxes", nil)

@@ -65,6 +65,7 @@ type Sandboxes interface {
 
 	Runtime() string
 	RuntimeAccel() string
+	Runtimes() []protocol.ServedRuntime
 	StorageBackend() string
 }
 

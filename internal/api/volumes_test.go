@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/sandbox"
 	"github.com/cubicle-dev/cubicle/internal/sandbox/sandboxtest"
 	"github.com/cubicle-dev/cubicle/internal/store"
@@ -52,7 +53,7 @@ func newVolumeAPI(t *testing.T) *testAPI {
 	lim := sandbox.DefaultLimits
 	lim.BootTimeout = 5 * time.Second
 	mgr, err := sandbox.New(sandbox.Config{Store: st, Storage: sandboxtest.NewStorage(filepath.Join(dir, "storage")), Network: sandboxtest.NewNetwork(),
-		Driver: drv, AgentPort: drv.AgentPort, Limits: lim, Logger: slog.New(slog.DiscardHandler)})
+		Drivers: []runtime.Driver{drv}, AgentPort: drv.AgentPort, Limits: lim, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -165,6 +165,7 @@ func TestMemoryFlags(t *testing.T) {
 		{newSandboxCreateCmd(), nil, ""},
 		{newSandboxCreateCmd(), []string{"--docker"}, `"docker":true`},
 		{newSandboxCreateCmd(), []string{"--docker=false"}, `"docker":false`},
+		{newSandboxCreateCmd(), []string{"--runtime", "microvm"}, `"runtime":"microvm"`},
 		{newSandboxStartCmd(), []string{"box", "--restore-memory=false"}, `"restore_memory":false`},
 		{newSandboxStartCmd(), []string{"box", "--restore-memory"}, `"restore_memory":true`},
 		{newSandboxStartCmd(), []string{"box"}, ""},

@@ -169,13 +169,14 @@ func newDoctorCmd() *cobra.Command {
 	return cmd
 }
 
-// newInfoCmd is `cubicle info`: the daemon's runtime, storage backend,
+// newInfoCmd is `cubicle info`: the daemon's default runtime (and every
+// runtime it serves, when several), storage backend,
 // health and store space. It exits non-zero when the daemon is
 // unavailable, so scripts can wait on it.
 func newInfoCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "info",
-		Short: "Show the daemon's runtime, storage, health and free space",
+		Short: "Show the daemon's runtimes, storage, health and free space",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := clientFromEnv()
@@ -191,7 +192,18 @@ func newInfoCmd() *cobra.Command {
 			if in.Accelerator != "" {
 				rt += " (" + in.Accelerator + ")"
 			}
-			fmt.Fprintf(w, "runtime\t%s\nstorage\t%s\nstatus\t%s\n", rt, in.Storage, in.Status)
+			fmt.Fprintf(w, "runtime\t%s\n", rt)
+			if len(in.Runtimes) > 1 {
+				served := make([]string, len(in.Runtimes))
+				for i, r := range in.Runtimes {
+					served[i] = r.Name
+					if r.Accelerator != "" {
+						served[i] += " (" + r.Accelerator + ")"
+					}
+				}
+				fmt.Fprintf(w, "runtimes\t%s\n", strings.Join(served, ", "))
+			}
+			fmt.Fprintf(w, "storage\t%s\nstatus\t%s\n", in.Storage, in.Status)
 			for _, r := range in.Reasons {
 				fmt.Fprintf(w, "  problem\t%s\n", r)
 			}

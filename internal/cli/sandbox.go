@@ -40,7 +40,8 @@ type sandboxCreateFlags struct {
 	preserveMemory *bool
 	volumes        []string // --volume NAME:/path[:ro]
 	// docker is --docker; nil when not given (the snapshot decides).
-	docker *bool
+	docker  *bool
+	runtime string
 }
 
 func newSandboxCreateCmd() *cobra.Command {
@@ -76,6 +77,7 @@ func newSandboxCreateCmd() *cobra.Command {
 	fl.StringVar(&f.memory, "memory", "", "memory limit, e.g. 512MiB (default: the daemon's)")
 	fl.StringVar(&f.fsCapacity, "fs-capacity", "", "filesystem capacity, e.g. 10GiB (default: the snapshot's)")
 	fl.Int64Var(&f.timeout, "timeout", 60, "seconds the daemon may take to make the sandbox ready")
+	fl.StringVar(&f.runtime, "runtime", "", "runtime to run on, one the daemon serves (cubicle info lists them; default: the daemon's default)")
 	fl.StringArrayVar(&f.volumes, "volume", nil, "attach a persistent volume, NAME:/path[:ro] (repeatable)")
 	optionalBool(fl, &f.preserveMemory, "preserve-memory-on-stop", "checkpoint the sandbox's memory at every stop, so a start resumes its processes (gvisor)")
 	optionalBool(fl, &f.docker, "docker", "run the sandbox with what Docker inside needs (gvisor; default: the snapshot's; the built-in snapshot docker has it and starts dockerd)")
@@ -116,7 +118,7 @@ func (f sandboxCreateFlags) request() (protocol.CreateSandboxRequest, error) {
 	wait := true
 	timeout := f.timeout
 	req := protocol.CreateSandboxRequest{WaitForReady: &wait, Timeout: &timeout, Name: f.name, PreserveMemoryOnStop: f.preserveMemory,
-		Docker: f.docker}
+		Docker: f.docker, Runtime: f.runtime}
 	if f.snapshot != "" {
 		if _, err := uuid.Parse(f.snapshot); err == nil {
 			req.SnapshotID = f.snapshot

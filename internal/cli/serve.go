@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -107,17 +109,27 @@ func (f serveFlags) imageLimits() (image.Limits, error) {
 const spaceGuardInterval = 2 * time.Second
 
 // healthChecks are the parts /healthz probes: the database, the CoW store's
-// space and writability, the runtime (when its driver can tell) and the
+// space and writability, each runtime (when its driver can tell) and the
 // egress proxy. The proxy is not critical: sandboxes without egress rules
-// still work without it.
-func healthChecks(reserve int64, st *store.SQLite, cow *storage.CoW, driver runtime.Driver, egress *proxy.Service) *health.Checker {
+// still work without it. Nor is a runtime other than the default (the
+// first, check "runtime"; the others "runtime-<name>"): creates that name
+// none still work without it.
+func healthChecks(reserve int64, st *store.SQLite, cow *storage.CoW, drivers []runtime.Driver, egress *proxy.Service) *health.Checker {
 	checks := []health.Check{
 		{Name: "database", Critical: true, Probe: st.Ping},
 		{Name: "store", Critical: true, Probe: cow.Check(reserve)},
 		{Name: "egress_proxy", Probe: egress.Probe},
 	}
-	if p, ok := driver.(runtime.Prober); ok {
-		checks = append(checks, health.Check{Name: "runtime", Critical: true, Probe: p.Probe})
+	for i, d := range drivers {
+		p, ok := d.(runtime.Prober)
+		if !ok {
+			continue
+		}
+		if i == 0 {
+			checks = append(checks, health.Check{Name: "runtime", Critical: true, Probe: p.Probe})
+		} else {
+			checks = append(checks, health.Check{Name: "runtime-" + d.Name(), Probe: p.Probe})
+		}
 	}
 	return health.New(checks...)
 }
@@ -176,7 +188,8 @@ func newServeCmd() *cobra.Command {
 	fl.IntVar(&f.rateLimit.Burst, "rate-burst", f.rateLimit.Burst, "requests an API key may send at once before --rate-limit applies")
 	fl.StringVar(&f.dataDir, "data-dir", "/var/lib/cubicle", "directory for state, images and sandbox filesystems")
 	fl.StringVar(&f.publicURL, "public-url", "", "externally reachable base URL (default http://<listen>)")
-	fl.StringVar(&f.runtime, "runtime", "gvisor", "sandbox runtime: gvisor, microvm (QEMU microVMs, each its own kernel) or namespace (trusted work only)")
+	fl.StringVar(&f.runtime, "runtime", "gvisor",
+		"sandbox runtime: gvisor, microvm (QEMU microVMs, each its own kernel) or namespace (trusted work only); a comma list (gvisor,microvm) serves several, the first the default of creates that name none (their \"runtime\" field)")
 	fl.StringVar(&f.qemu, "qemu", "", "microvm: path of qemu-system-x86_64 (default: PATH)")
 	fl.StringVar(&f.guestKernel, "guest-kernel", "", "microvm: the guest kernel, from make guest-kernel (default: $CUBICLE_GUEST_KERNEL, then vmlinux next to cubicle)")
 	fl.StringVar(&f.microvmAccel, "microvm-accel", "", "microvm: kvm or tcg (default: kvm when a probe boot under it is quick, else tcg)")
@@ -301,15 +314,17 @@ func serve(ctx context.Context, f serveFlags) error {
 	}
 	agentBin := agentBinary(self)
 	log.Info("agent binary", "path", agentBin)
-	driver, err := newDriver(ctx, f, agentBin)
+	drivers, err := newDrivers(ctx, f, agentBin)
 	if err != nil {
 		return err
 	}
-	if dh, ok := driver.(runtime.DockerHost); ok {
-		log.Info("Docker inside a sandbox on opt-in (docker: true)", "grants", dh.DockerInside())
-	}
-	if vm, ok := driver.(*microvm.Driver); ok {
-		log.Info("microVM runtime", "accelerator", vm.Accel())
+	for _, d := range drivers {
+		if dh, ok := d.(runtime.DockerHost); ok {
+			log.Info("Docker inside a sandbox on opt-in (docker: true)", "runtime", d.Name(), "grants", dh.DockerInside())
+		}
+		if vm, ok := d.(*microvm.Driver); ok {
+			log.Info("microVM runtime", "accelerator", vm.Accel())
+		}
 	}
 	box, err := secrets.LoadOrCreate(filepath.Join(f.dataDir, "secrets.key"))
 	if err != nil {
@@ -397,7 +412,7 @@ func serve(ctx context.Context, f serveFlags) error {
 			sp, err := cow.Space()
 			return sp.Usable, err
 		}, StoreReserve: reserve}
-	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Driver: driver, AgentBinary: agentBin, Logger: log,
+	mgr, err := sandbox.New(sandbox.Config{Store: st, Images: images, Storage: overlays, Network: netmgr, Drivers: drivers, AgentBinary: agentBin, Logger: log,
 		Credentials: registries, ReapInterval: f.reapInterval, TTLGranularity: f.ttlGranularity, Egress: egress, Mounts: dataMounts, Observer: tel,
 		Faults:   faults,
 		Recorder: rec, BuildDir: filepath.Join(f.dataDir, "builds"), BuildCacheBytes: buildCache,
@@ -448,7 +463,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	defer access.Close()
 	ident := identity.New(st, authn, access)
 	ident.CutSessionsWith(mgr.CutPrincipals) // a revoked key's open streams end at once
-	checks := healthChecks(reserve, st, cow, driver, egress)
+	checks := healthChecks(reserve, st, cow, drivers, egress)
 	tel.WatchHealth(checks, cow.Space)
 	// The MCP door's tools call this same API back, in process, with the
 	// caller's key (internal/mcp.Loopback says why not over TCP).
@@ -472,7 +487,7 @@ func serve(ctx context.Context, f serveFlags) error {
 	srv.RegisterOnShutdown(rec.EndFollowers) // live audit streams would hold Shutdown
 	srv.RegisterOnShutdown(mcpDoor.Close)    // so would MCP sessions' event streams
 	mgr.StartReaper(ctx)
-	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", driver.Name(), "data_dir", f.dataDir,
+	log.Info("cubicle serving", "listen", ln.Addr().String(), "public_url", public, "runtime", f.runtime, "data_dir", f.dataDir,
 		"max_conns_per_client", f.conns.MaxConnsPerClient)
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(api.LimitListener(ln, f.conns.MaxConnsPerClient, log)) }()
@@ -520,9 +535,27 @@ func serveE2B(ln net.Listener, f serveFlags, public string, loop *http.Client, l
 	return srv
 }
 
-func newDriver(ctx context.Context, f serveFlags, agentBin string) (runtime.Driver, error) {
-	stateDir := filepath.Join(f.dataDir, "runtime", f.runtime)
-	switch f.runtime {
+// newDrivers makes the drivers --runtime names, in its order (the first
+// the default), each with its own state dir.
+func newDrivers(ctx context.Context, f serveFlags, agentBin string) ([]runtime.Driver, error) {
+	var out []runtime.Driver
+	for _, name := range strings.Split(f.runtime, ",") {
+		name = strings.TrimSpace(name)
+		if slices.ContainsFunc(out, func(d runtime.Driver) bool { return d.Name() == name }) {
+			return nil, fmt.Errorf("--runtime %q names %s twice", f.runtime, name)
+		}
+		d, err := newDriver(ctx, f, name, agentBin)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+func newDriver(ctx context.Context, f serveFlags, name, agentBin string) (runtime.Driver, error) {
+	stateDir := filepath.Join(f.dataDir, "runtime", name)
+	switch name {
 	case "gvisor":
 		runsc, err := gvisor.FindRunsc(f.runsc)
 		if err != nil {
@@ -539,7 +572,7 @@ func newDriver(ctx context.Context, f serveFlags, agentBin string) (runtime.Driv
 		return microvm.New(ctx, microvm.Config{QEMU: f.qemu, Kernel: kernel, StateDir: stateDir,
 			HostResolvConf: f.hostResolv, Accel: f.microvmAccel, Agent: agentBin})
 	default:
-		return nil, fmt.Errorf("unknown --runtime %q (want gvisor, namespace or microvm)", f.runtime)
+		return nil, fmt.Errorf("unknown --runtime %q (want gvisor, namespace or microvm, or a comma list of them)", name)
 	}
 }
 

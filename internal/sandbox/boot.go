@@ -45,12 +45,14 @@ type identity struct {
 	mounts        []runtime.Mount // host directories bound in (volumes)
 	docker        bool            // runtime.Spec.Docker: fixed at start, like limits
 	mountConfig   []byte
+	driver        runtime.Driver // the runtime the instance runs on
 }
 
-// identityOf derives sb's identity for an instance with agent token token.
-func (m *Manager) identityOf(sb *store.Sandbox, token string) identity {
+// identityOf derives sb's identity for an instance on runtime d with agent
+// token token.
+func (m *Manager) identityOf(d runtime.Driver, sb *store.Sandbox, token string) identity {
 	return identity{
-		id: sb.ID, workspace: sb.WorkspaceID, name: sb.Name, hostname: hostname(sb), token: token, proxyConfig: sb.ProxyConfig, docker: sb.Docker, mountConfig: sb.MountConfig,
+		driver: d, id: sb.ID, workspace: sb.WorkspaceID, name: sb.Name, hostname: hostname(sb), token: token, proxyConfig: sb.ProxyConfig, docker: sb.Docker, mountConfig: sb.MountConfig,
 		limits: runtime.Limits{MilliCPUs: sb.MilliCPUs(), MemBytes: sb.MemBytes, PidsMax: m.cfg.Limits.PidsMax},
 		mounts: m.volumeMounts(sb),
 	}
@@ -58,6 +60,7 @@ func (m *Manager) identityOf(sb *store.Sandbox, token string) identity {
 
 // instance is a prepared, running sandbox instance not yet handed out.
 type instance struct {
+	driver   runtime.Driver
 	rootfs   string
 	ep       *network.Endpoint
 	client   *agent.Client
@@ -100,7 +103,11 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 		}
 		m.emit(ctx, sb, protocol.EventBootFailed, map[string]any{"first": first, "error": err.Error()})
 	}()
-	mem, err := m.bootMemoryOf(ctx, sb, sn, first)
+	d, err := m.driverOf(sb)
+	if err != nil {
+		return err
+	}
+	mem, err := m.bootMemoryOf(ctx, d, sb, sn, first)
 	if err != nil {
 		return err
 	}
@@ -128,7 +135,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	// capacity still boots; bind drops the limit back.
 	inst := m.claimPooled(ctx, &undo, sb, sn, token)
 	if inst == nil {
-		inst, err = m.prepare(ctx, &undo, sn, first, mem.dir, m.identityOf(sb, token), sb.FSCapacityBytes+bootReserveBytes)
+		inst, err = m.prepare(ctx, &undo, sn, first, mem.dir, m.identityOf(d, sb, token), sb.FSCapacityBytes+bootReserveBytes)
 	}
 	if err != nil && mem.fallback {
 		m.log.Warn("memory restore failed; booting cold", "sandbox", sb.ID, "err", err)
@@ -136,7 +143,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 			m.log.Error("clean up failed restore", "sandbox", sb.ID, "err", cerr)
 		}
 		rerr := err
-		if inst, err = m.prepare(ctx, &undo, sn, first, "", m.identityOf(sb, token), sb.FSCapacityBytes+bootReserveBytes); err == nil {
+		if inst, err = m.prepare(ctx, &undo, sn, first, "", m.identityOf(d, sb, token), sb.FSCapacityBytes+bootReserveBytes); err == nil {
 			inst.note = joinNote("memory not restored ("+rerr.Error()+"); booted from its files", inst.note)
 		}
 	}
@@ -157,7 +164,7 @@ func (m *Manager) boot(ctx context.Context, sb *store.Sandbox, sn *store.Snapsho
 	if !first {
 		m.discardMemory(sb.ID) // restored or stale: a stop image serves one boot
 	}
-	m.log.InfoContext(ctx, "sandbox ready", append([]any{"sandbox", sb.ID, "name", sb.Name, "runtime", m.cfg.Driver.Name(),
+	m.log.InfoContext(ctx, "sandbox ready", append([]any{"sandbox", sb.ID, "name", sb.Name, "runtime", d.Name(),
 		"restored", inst.restored, "boot", time.Since(start)}, m.observePhases(ctx, op, inst.phases)...)...)
 	return nil
 }
@@ -219,21 +226,22 @@ func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Sn
 		Env: egressEnv, Token: id.token, Hostname: id.hostname, NetNS: ep.NetNS, Limits: id.limits, Mounts: append(append([]runtime.Mount(nil), id.mounts...), binds...), Docker: id.docker,
 	}
 	tEgress := time.Now()
+	d := id.driver
 	if restore {
-		if err := m.cfg.Driver.(runtime.Checkpointer).Restore(ctx, spec, filepath.Join(mem, memoryImageDir)); err != nil {
-			return nil, &BootError{Err: fmt.Errorf("restore %s sandbox from its memory image: %w", m.cfg.Driver.Name(), err)}
+		if err := d.(runtime.Checkpointer).Restore(ctx, spec, filepath.Join(mem, memoryImageDir)); err != nil {
+			return nil, &BootError{Err: fmt.Errorf("restore %s sandbox from its memory image: %w", d.Name(), err)}
 		}
-	} else if err := m.cfg.Driver.Start(ctx, spec); err != nil {
-		return nil, &BootError{Err: fmt.Errorf("start %s sandbox: %w", m.cfg.Driver.Name(), err)}
+	} else if err := d.Start(ctx, spec); err != nil {
+		return nil, &BootError{Err: fmt.Errorf("start %s sandbox: %w", d.Name(), err)}
 	}
-	undo.Push(func(ctx context.Context) error { return m.cfg.Driver.Stop(ctx, rid) })
+	undo.Push(func(ctx context.Context) error { return d.Stop(ctx, rid) })
 	tDriver := time.Now()
 	client, err := m.waitAgent(ctx, m.agentAddr(ep.SandboxIP), id.token, mem)
 	if err != nil {
 		return nil, &BootError{Err: err}
 	}
 	undo.Push(func(context.Context) error { client.Close(); return nil })
-	if restore && first && m.agentIdentifies() {
+	if restore && first && agentIdentifies(d) {
 		// A branch restored from a memory snapshot wakes up with its
 		// source's hostname (its machine-id file is already its own, see
 		// seedIdentity). An agent captured before it could set it (or
@@ -243,7 +251,7 @@ func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Sn
 		}
 	}
 	tAgent := time.Now()
-	return &instance{rootfs: rootfs, ep: ep, client: client, restored: restore, note: m.mountsHealth(id.id), phases: []phase{
+	return &instance{driver: d, rootfs: rootfs, ep: ep, client: client, restored: restore, note: m.mountsHealth(id.id), phases: []phase{
 		{PhaseQueue, tQueue, t0}, {PhaseRootFS, t0, tMount}, {PhaseNetwork, t0, tNetwork}, {PhaseEgress, maxTime(tMount, tNetwork), tEgress},
 		{PhaseDriver, tEgress, tDriver}, {PhaseAgent, tDriver, tAgent}}}, nil
 }
@@ -286,7 +294,7 @@ func (m *Manager) bind(ctx context.Context, sb *store.Sandbox, inst *instance) e
 	}
 	m.setAgent(sb.ID, inst.client)
 	m.setMounted(sb.ID, sb.Volumes)
-	m.watch(ctx, sb.ID, inst.client)
+	m.watch(ctx, inst.driver, sb.ID, inst.client)
 	m.touch(sb.ID)
 	return nil
 }

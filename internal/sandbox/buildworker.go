@@ -62,7 +62,7 @@ func (w *buildWorker) Base(ctx context.Context, ref string) (build.Base, error) 
 }
 
 // Run boots a build sandbox over layers — the workspace's egress policy,
-// the default limits, no record — runs spec in it and captures its upper
+// the default runtime and limits, no record — runs spec in it and captures its upper
 // dir. The sandbox is gone when Run returns.
 func (w *buildWorker) Run(ctx context.Context, layers []string, spec build.RunSpec, out io.Writer) (build.Layer, error) {
 	m := w.m
@@ -73,7 +73,7 @@ func (w *buildWorker) Run(ctx context.Context, layers []string, spec build.RunSp
 	defer undo.Run(context.WithoutCancel(ctx))
 	undo.Push(func(ctx context.Context) error { return m.cfg.Storage.Remove(ctx, rid) })
 	lim := m.cfg.Limits
-	ident := identity{id: id, workspace: w.ws, name: "build-" + rid[:12], hostname: "buildkitsandbox", token: randomHex(32),
+	ident := identity{driver: m.rt.def(), id: id, workspace: w.ws, name: "build-" + rid[:12], hostname: "buildkitsandbox", token: randomHex(32),
 		limits: runtime.Limits{MilliCPUs: lim.DefaultVCPUs * 1000, MemBytes: lim.DefaultMemBytes, PidsMax: lim.PidsMax}}
 	inst, err := m.prepare(ctx, &undo, &store.Snapshot{Layers: layers}, false, "", ident, lim.DefaultFSBytes)
 	if err != nil {

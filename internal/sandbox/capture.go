@@ -81,8 +81,12 @@ func (m *Manager) capture(ctx context.Context, workspaceID, user string, sb *sto
 	}
 	memory := req.IncludeMemory || req.Checkpoint
 	if memory {
-		if _, ok := m.cfg.Driver.(runtime.Checkpointer); !ok {
-			return nil, errdefs.Field("include_memory", "memory snapshots are not supported by the %s runtime (only gvisor can save a sandbox's memory); omit include_memory to capture the filesystem only", m.cfg.Driver.Name())
+		d, err := m.driverOf(sb)
+		if err != nil {
+			return nil, err
+		}
+		if _, ok := d.(runtime.Checkpointer); !ok {
+			return nil, errdefs.Field("include_memory", "memory snapshots are not supported by the %s runtime (only gvisor can save a sandbox's memory); omit include_memory to capture the filesystem only", d.Name())
 		}
 		if sb.Docker {
 			return nil, dockerKeepsNoMemory("include_memory")
@@ -157,9 +161,13 @@ func (m *Manager) freezeAndCapture(ctx context.Context, sb *store.Sandbox, snap 
 		layer, err := m.cfg.Storage.Capture(ctx, rid, snap)
 		return layer, 0, err
 	}
-	pauser, ok := m.cfg.Driver.(runtime.Pauser)
+	d, err := m.driverOf(sb)
+	if err != nil {
+		return "", 0, err
+	}
+	pauser, ok := d.(runtime.Pauser)
 	if !ok {
-		return "", 0, fmt.Errorf("the %s runtime cannot freeze a running sandbox; stop %s first: %w", m.cfg.Driver.Name(), sb.Name, errdefs.ErrConflict)
+		return "", 0, fmt.Errorf("the %s runtime cannot freeze a running sandbox; stop %s first: %w", d.Name(), sb.Name, errdefs.ErrConflict)
 	}
 	// Write back what the sandbox wrote so far while it still runs, so the
 	// frozen window only covers writeback of the last few milliseconds.

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -46,7 +47,7 @@ func TestDockerOptIn(t *testing.T) {
 // namespace one) refuses docker: true, and a snapshot that asks for it
 // unless the create turns it off, naming the field.
 func TestDockerNeedsADockerHost(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.Driver = plainDriver{c.Driver} })
+	e := newEnv(t, func(c *Config) { c.Drivers = []runtime.Driver{plainDriver{c.Drivers[0]}} })
 	ctx := as(member)
 	var fe *errdefs.FieldError
 	for _, req := range []protocol.CreateSandboxRequest{

@@ -95,9 +95,10 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		if len(req.Names) > 0 {
 			bname = req.Names[i]
 		}
-		// Every policy of the parent carries over: limits and TTLs here,
-		// its run_config layer, its volumes (the same volumes, shared,
-		// not copies: a capture holds none of their data), and its
+		// Every policy of the parent carries over: its runtime, limits
+		// and TTLs here, its run_config layer, its volumes (the same
+		// volumes, shared, not copies: a capture holds none of their
+		// data), and its
 		// proxy_config (egress and rules) inherited from the capture
 		// (v.ProxyConfig).
 		reqs[i] = protocol.CreateSandboxRequest{
@@ -105,6 +106,7 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 			IdleTTLSeconds: &parent.IdleTTLSeconds, DeleteAfterStopSeconds: &parent.DeleteAfterStopSeconds,
 			VCPUs: &parent.VCPUs, MemBytes: &parent.MemBytes, FSCapacityBytes: &parent.FSCapacityBytes,
 			RunConfig: parent.RunConfig, Volumes: VolumeAttachments(parent), MountConfig: parent.MountConfig,
+			Runtime: parent.Runtime,
 		}
 	}
 	m.cfg.Faults.Hit(fault.ForkCaptured)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/auth"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/sandbox/sandboxtest"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -73,7 +74,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	}
 	e := &env{st: st, storage: sandboxtest.NewStorage(filepath.Join(dir, "storage")), net: sandboxtest.NewNetwork(), driver: drv, snap: sn}
 	cfg := Config{
-		Store: st, Storage: e.storage, Network: e.net, Driver: drv, AgentPort: drv.AgentPort,
+		Store: st, Storage: e.storage, Network: e.net, Drivers: []runtime.Driver{drv}, AgentPort: drv.AgentPort,
 		Logger:         slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		TTLGranularity: time.Second, ReapInterval: time.Hour,
 	}

@@ -28,33 +28,43 @@ const (
 // record lost with its database, leaves behind.
 type Leftover = protocol.Leftover
 
-// Leftovers lists the runtime instances, network endpoints and storage
-// held by ids no sandbox record has, then captured layers no snapshot or
-// build cache entry has, then volume files no volume record has, in that
-// order, each sorted by id.
+// Leftovers lists the runtime instances (runtime by runtime, in the
+// order served), network endpoints and storage held by ids no sandbox
+// record has, then captured layers no snapshot or build cache entry has,
+// then volume files no volume record has, in that order, each sorted by
+// id. An instance on a runtime other than its record's is a leftover of
+// that runtime.
 func (m *Manager) Leftovers(ctx context.Context) ([]Leftover, error) {
 	sandboxes, err := m.cfg.Store.AllSandboxes(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list leftovers: %w", err)
 	}
-	known := make(map[string]bool, len(sandboxes))
+	// known maps each id in use to its runtime's name ("" for any: an id
+	// in use without a record is its runtime's however it runs).
+	known := make(map[string]string, len(sandboxes))
 	for _, sb := range sandboxes {
-		known[runtimeID(sb.ID)] = true
+		rt := sb.Runtime
+		if rt == "" {
+			rt = m.rt.def().Name()
+		}
+		known[runtimeID(sb.ID)] = rt
 	}
 	m.mu.Lock()
 	for rid := range m.transient {
-		known[rid] = true
+		known[rid] = ""
 	}
 	m.mu.Unlock()
 	type lister struct {
-		kind string
-		list func(context.Context) ([]string, error)
+		kind, runtime string
+		list          func(context.Context) ([]string, error)
 	}
 	var listers []lister
-	if l, ok := m.cfg.Driver.(runtime.Lister); ok {
-		listers = append(listers, lister{LeftoverRuntime, l.List})
+	for _, d := range m.rt {
+		if l, ok := d.(runtime.Lister); ok {
+			listers = append(listers, lister{LeftoverRuntime, d.Name(), l.List})
+		}
 	}
-	listers = append(listers, lister{LeftoverNetwork, m.cfg.Network.List}, lister{LeftoverStorage, m.cfg.Storage.List})
+	listers = append(listers, lister{kind: LeftoverNetwork, list: m.cfg.Network.List}, lister{kind: LeftoverStorage, list: m.cfg.Storage.List})
 	var out []Leftover
 	for _, l := range listers {
 		ids, err := l.list(ctx)
@@ -63,8 +73,8 @@ func (m *Manager) Leftovers(ctx context.Context) ([]Leftover, error) {
 		}
 		slices.Sort(ids)
 		for _, id := range ids {
-			if !known[id] {
-				out = append(out, Leftover{Kind: l.kind, ID: id})
+			if rt, ok := known[id]; !ok || l.runtime != "" && rt != "" && rt != l.runtime {
+				out = append(out, Leftover{Kind: l.kind, ID: id, Runtime: l.runtime})
 			}
 		}
 	}
@@ -124,7 +134,8 @@ func (m *Manager) CleanLeftovers(ctx context.Context) ([]Leftover, error) {
 		var err error
 		switch l.Kind {
 		case LeftoverRuntime:
-			err = m.cfg.Driver.Stop(ctx, l.ID)
+			d, _ := m.rt.get(l.Runtime) // Leftovers listed it from a served runtime
+			err = d.Stop(ctx, l.ID)
 		case LeftoverNetwork:
 			err = m.cfg.Network.Teardown(ctx, l.ID)
 		case LeftoverStorage:

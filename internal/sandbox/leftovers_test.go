@@ -31,7 +31,7 @@ func TestLeftoversAreCleanedAtRecover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []Leftover{{Kind: LeftoverRuntime, ID: rid}, {Kind: LeftoverNetwork, ID: rid}, {Kind: LeftoverStorage, ID: rid}}
+	want := []Leftover{{Kind: LeftoverRuntime, ID: rid, Runtime: "fake"}, {Kind: LeftoverNetwork, ID: rid}, {Kind: LeftoverStorage, ID: rid}}
 	if len(left) != len(want) {
 		t.Fatalf("leftovers %+v, want %+v", left, want)
 	}

@@ -64,7 +64,9 @@ type Config struct {
 	Images  ImageSource
 	Storage Storage
 	Network Network
-	Driver  runtime.Driver
+	// Drivers are the runtimes sandboxes run on, the default first
+	// (runtimes.go); a create may name another.
+	Drivers []runtime.Driver
 	// AgentBinary is the host path of the cubicle binary run as PID 1.
 	AgentBinary string
 	// AgentPort is the port the agent listens on at the sandbox's address
@@ -141,6 +143,7 @@ var DefaultLimits = LimitPolicy{
 type Manager struct {
 	cfg Config
 	log *slog.Logger
+	rt  runtimes
 
 	// quota checks and records claims on workspace quotas (quota.go).
 	quota *quotaGate
@@ -214,6 +217,10 @@ func New(cfg Config) (*Manager, error) {
 	if cfg.BuildCacheBytes <= 0 {
 		cfg.BuildCacheBytes = DefaultBuildCacheBytes
 	}
+	rt, err := newRuntimes(cfg.Drivers)
+	if err != nil {
+		return nil, err
+	}
 	r, w, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("sandbox manager: %w", err)
@@ -222,6 +229,7 @@ func New(cfg Config) (*Manager, error) {
 	return &Manager{
 		cfg:       cfg,
 		log:       cfg.Logger,
+		rt:        rt,
 		quota:     newQuotaGate(cfg.Store),
 		boxes:     map[string]*box{},
 		builds:    map[string]*buildProgress{},
@@ -232,18 +240,6 @@ func New(cfg Config) (*Manager, error) {
 		life:      life, endLife: end,
 		wakeR: r, wakeW: w,
 	}, nil
-}
-
-// Runtime is the name of the driver sandboxes run on.
-func (m *Manager) Runtime() string { return m.cfg.Driver.Name() }
-
-// RuntimeAccel is the runtime's accelerator where it has one (see
-// runtime.Accelerated), else "".
-func (m *Manager) RuntimeAccel() string {
-	if a, ok := m.cfg.Driver.(runtime.Accelerated); ok {
-		return a.Accel()
-	}
-	return ""
 }
 
 // goBG runs fn as a goroutine Close waits for.

@@ -51,14 +51,14 @@ const (
 )
 
 // memoryImage returns the memory dir of snapshot sn (its image and
-// tokenFile) and true when sn has a complete image that this daemon's
-// runtime can restore.
-func (m *Manager) memoryImage(sn *store.Snapshot) (string, bool) {
+// tokenFile) and true when sn has a complete image that runtime d can
+// restore.
+func (m *Manager) memoryImage(d runtime.Driver, sn *store.Snapshot) (string, bool) {
 	if sn.SourceSandboxID == "" {
 		return "", false
 	}
 	dir := m.cfg.Storage.MemoryDir(sn.ID)
-	return dir, m.completeMemory(dir)
+	return dir, completeMemory(d, dir)
 }
 
 // waitAgent waits until the new instance's agent answers at addr and
@@ -98,10 +98,14 @@ func (m *Manager) checkpointAndCapture(ctx context.Context, sb *store.Sandbox, s
 	if statusOf(sb) != Ready {
 		return "", 0, fmt.Errorf("sandbox %s is %s: no memory to capture", sb.Name, sb.Status)
 	}
-	ckpt := m.cfg.Driver.(runtime.Checkpointer)
-	pauser, ok := m.cfg.Driver.(runtime.Pauser)
+	d, err := m.driverOf(sb)
+	if err != nil {
+		return "", 0, err
+	}
+	ckpt := d.(runtime.Checkpointer)
+	pauser, ok := d.(runtime.Pauser)
 	if !ok {
-		return "", 0, fmt.Errorf("the %s runtime can checkpoint but not resume a sandbox", m.cfg.Driver.Name())
+		return "", 0, fmt.Errorf("the %s runtime can checkpoint but not resume a sandbox", d.Name())
 	}
 	rid := runtimeID(sb.ID)
 	dir := m.cfg.Storage.MemoryDir(snap)

@@ -65,21 +65,21 @@ func RestoreMemory(ctx context.Context) *bool {
 }
 
 // checkPreserveMemory refuses preserve_memory_on_stop: true on a runtime
-// that cannot checkpoint.
-func (m *Manager) checkPreserveMemory(preserve *bool) error {
+// d that cannot checkpoint.
+func checkPreserveMemory(d runtime.Driver, preserve *bool) error {
 	if preserve == nil || !*preserve {
 		return nil
 	}
-	if _, ok := m.cfg.Driver.(runtime.Checkpointer); !ok {
-		return errdefs.Field("preserve_memory_on_stop", "the %s runtime cannot checkpoint a sandbox's memory", m.cfg.Driver.Name())
+	if _, ok := d.(runtime.Checkpointer); !ok {
+		return errdefs.Field("preserve_memory_on_stop", "the %s runtime cannot checkpoint a sandbox's memory", d.Name())
 	}
 	return nil
 }
 
-// completeMemory reports whether dir holds a complete memory image this
-// daemon's runtime can restore.
-func (m *Manager) completeMemory(dir string) bool {
-	if _, ok := m.cfg.Driver.(runtime.Checkpointer); !ok {
+// completeMemory reports whether dir holds a complete memory image that
+// runtime d can restore.
+func completeMemory(d runtime.Driver, dir string) bool {
+	if _, ok := d.(runtime.Checkpointer); !ok {
 		return false
 	}
 	_, err := os.Stat(filepath.Join(dir, tokenFile))
@@ -105,15 +105,15 @@ type bootMemory struct {
 // bootMemoryOf decides what booting sb restores: on its first boot the
 // memory snapshot sn's image, on a restart its stop image, as ctx's
 // restore_memory says. A required image that is missing is ErrConflict.
-func (m *Manager) bootMemoryOf(ctx context.Context, sb *store.Sandbox, sn *store.Snapshot, first bool) (bootMemory, error) {
+func (m *Manager) bootMemoryOf(ctx context.Context, d runtime.Driver, sb *store.Sandbox, sn *store.Snapshot, first bool) (bootMemory, error) {
 	want := RestoreMemory(ctx)
 	if first {
-		return m.snapshotMemory(sn, want)
+		return m.snapshotMemory(d, sn, want)
 	}
 	if want != nil && !*want {
 		return bootMemory{}, nil
 	}
-	if dir := m.stopMemoryDir(sb.ID); m.completeMemory(dir) {
+	if dir := m.stopMemoryDir(sb.ID); completeMemory(d, dir) {
 		return bootMemory{dir: dir, fallback: want == nil}, nil
 	}
 	if want != nil {
@@ -122,13 +122,13 @@ func (m *Manager) bootMemoryOf(ctx context.Context, sb *store.Sandbox, sn *store
 	return bootMemory{}, nil
 }
 
-// snapshotMemory decides what a first boot from sn restores, as
-// restore_memory want says.
-func (m *Manager) snapshotMemory(sn *store.Snapshot, want *bool) (bootMemory, error) {
+// snapshotMemory decides what a first boot from sn on runtime d
+// restores, as restore_memory want says.
+func (m *Manager) snapshotMemory(d runtime.Driver, sn *store.Snapshot, want *bool) (bootMemory, error) {
 	if want != nil && !*want {
 		return bootMemory{}, nil
 	}
-	if dir, ok := m.memoryImage(sn); ok {
+	if dir, ok := m.memoryImage(d, sn); ok {
 		return bootMemory{dir: dir}, nil
 	}
 	if want != nil {
@@ -168,9 +168,13 @@ func (m *Manager) stop(ctx context.Context, sb *store.Sandbox, msg string) error
 // is complete only once tokenFile (the running agent's token, which the
 // restored agent holds) is renamed into place; on failure none is left.
 func (m *Manager) suspend(ctx context.Context, sb *store.Sandbox) error {
-	ckpt, ok := m.cfg.Driver.(runtime.Checkpointer)
+	d, err := m.driverOf(sb)
+	if err != nil {
+		return err
+	}
+	ckpt, ok := d.(runtime.Checkpointer)
 	if !ok {
-		return fmt.Errorf("the %s runtime cannot checkpoint", m.cfg.Driver.Name())
+		return fmt.Errorf("the %s runtime cannot checkpoint", d.Name())
 	}
 	dir := m.stopMemoryDir(sb.ID)
 	if err := os.RemoveAll(dir); err != nil {
@@ -182,7 +186,7 @@ func (m *Manager) suspend(ctx context.Context, sb *store.Sandbox) error {
 	}
 	// A client that gives up on its stop must not cost the sandbox its
 	// memory half way: the checkpoint runs to its end.
-	err := ckpt.Suspend(context.WithoutCancel(ctx), runtimeID(sb.ID), image)
+	err = ckpt.Suspend(context.WithoutCancel(ctx), runtimeID(sb.ID), image)
 	if err == nil {
 		err = writeFileAtomic(filepath.Join(dir, tokenFile), []byte(sb.Token))
 	}

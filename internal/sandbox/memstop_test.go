@@ -28,7 +28,7 @@ func (e *env) createPreserving(t *testing.T, name string, req protocol.CreateSan
 }
 
 // hasStopImage reports whether sandbox id has a complete stop image.
-func (e *env) hasStopImage(id string) bool { return e.m.completeMemory(e.m.stopMemoryDir(id)) }
+func (e *env) hasStopImage(id string) bool { return completeMemory(e.driver, e.m.stopMemoryDir(id)) }
 
 // requireRestored checks sandbox id runs restored (or not) and that its
 // agent answers to the record's token, not the checkpointed one.
@@ -301,7 +301,7 @@ func TestInterruptedCheckpointIsNoImage(t *testing.T) {
 type plainDriver struct{ runtime.Driver }
 
 func TestPreserveMemoryNeedsACheckpointer(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.Driver = plainDriver{c.Driver} })
+	e := newEnv(t, func(c *Config) { c.Drivers = []runtime.Driver{plainDriver{c.Drivers[0]}} })
 	ctx := as(member)
 	var fe *errdefs.FieldError
 	_, err := e.m.CreateSandbox(ctx, protocol.CreateSandboxRequest{Name: "x", PreserveMemoryOnStop: ptr(true)})

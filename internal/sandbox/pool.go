@@ -153,8 +153,8 @@ func (m *Manager) setPool(ctx context.Context, sn *store.Snapshot, size, maxAgeS
 	if maxAgeSeconds < 0 {
 		return PoolStatus{}, errdefs.Field("max_age_seconds", "must not be negative")
 	}
-	if !m.canIdentify() && size > 0 {
-		return PoolStatus{}, fmt.Errorf("the %s runtime cannot give a running sandbox another identity, which a warm pool needs: %w", m.cfg.Driver.Name(), errdefs.ErrUnavailable)
+	if !canIdentify(m.rt.def()) && size > 0 {
+		return PoolStatus{}, fmt.Errorf("the %s runtime cannot give a running sandbox another identity, which a warm pool needs: %w", m.rt.def().Name(), errdefs.ErrUnavailable)
 	}
 	cfg := store.Pool{SnapshotID: sn.ID, WorkspaceID: sn.WorkspaceID, Size: size, MaxAgeSeconds: maxAgeSeconds}
 	if err := m.cfg.Store.PutPool(ctx, cfg); err != nil {
@@ -187,13 +187,13 @@ func (m *Manager) Pool(ctx context.Context, ref string) (PoolStatus, error) {
 	return PoolStatus{Pool: cfg, Ready: len(m.pool.ready[sn.ID])}, nil
 }
 
-// poolLimits are the limits pool instances boot with: the defaults, in
-// the background (the lowest CPU share, where the driver has
-// runtime.CPUWeighter) so refills take only CPU nothing else wants; a
-// claim gives the normal share back.
+// poolLimits are the limits pool instances boot with (on the default
+// runtime): the defaults, in the background (the lowest CPU share, where
+// the driver has runtime.CPUWeighter) so refills take only CPU nothing
+// else wants; a claim gives the normal share back.
 func (m *Manager) poolLimits() runtime.Limits {
 	l := m.cfg.Limits
-	_, weighs := m.cfg.Driver.(runtime.CPUWeighter)
+	_, weighs := m.rt.def().(runtime.CPUWeighter)
 	return runtime.Limits{MilliCPUs: l.DefaultVCPUs * 1000, MemBytes: l.DefaultMemBytes, PidsMax: l.PidsMax, Background: weighs}
 }
 
@@ -225,32 +225,33 @@ func (m *Manager) takePooled(sb *store.Sandbox, sn *store.Snapshot, req protocol
 }
 
 // poolServes reports whether a pool instance booted with limits can
-// become sb as req asks: the same vcpus and memory (the runtime does not
-// change them on a running instance), no memory image to restore and no
-// mounts.
+// become sb as req asks: the default runtime (pools boot on it), the same
+// vcpus and memory (the runtime does not change them on a running
+// instance), no memory image to restore and no mounts.
 func (m *Manager) poolServes(sb *store.Sandbox, sn *store.Snapshot, req protocol.CreateSandboxRequest, limits runtime.Limits) bool {
-	if sb.MilliCPUs() != limits.MilliCPUs || sb.MemBytes != limits.MemBytes {
+	d := m.rt.def()
+	if sb.Runtime != d.Name() || sb.MilliCPUs() != limits.MilliCPUs || sb.MemBytes != limits.MemBytes {
 		return false
 	}
 	if hasJSON(req.MountConfig) || len(sb.Volumes) > 0 || sb.Docker {
 		return false // binds and runsc flags are fixed when an instance starts
 	}
-	mem, err := m.snapshotMemory(sn, req.RestoreMemory)
+	mem, err := m.snapshotMemory(d, sn, req.RestoreMemory)
 	return err == nil && mem.dir == ""
 }
 
-// agentIdentifies reports whether the driver's agents set their own
+// agentIdentifies reports whether runtime d's agents set their own
 // identity (runtime.AgentIdentifier).
-func (m *Manager) agentIdentifies() bool {
-	ai, ok := m.cfg.Driver.(runtime.AgentIdentifier)
+func agentIdentifies(d runtime.Driver) bool {
+	ai, ok := d.(runtime.AgentIdentifier)
 	return ok && ai.AgentSetsIdentity()
 }
 
-// canIdentify reports whether a running instance can take another
+// canIdentify reports whether a running instance on d can take another
 // identity, which a warm pool needs.
-func (m *Manager) canIdentify() bool {
-	_, ok := m.cfg.Driver.(runtime.Identifier)
-	return ok || m.agentIdentifies()
+func canIdentify(d runtime.Driver) bool {
+	_, ok := d.(runtime.Identifier)
+	return ok || agentIdentifies(d)
 }
 
 // identify starts giving taken instance pi hostname host and a fresh
@@ -261,11 +262,12 @@ func (m *Manager) identify(pi *pooled, host string) {
 	m.goBG(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), m.cfg.Limits.BootTimeout)
 		defer cancel()
-		if m.agentIdentifies() {
+		d := pi.inst.driver
+		if agentIdentifies(d) {
 			pi.identified <- pi.inst.client.SetIdentity(ctx, host, randomHex(16))
 			return
 		}
-		pi.identified <- m.cfg.Driver.(runtime.Identifier).SetIdentity(ctx, runtimeID(pi.id), host, randomHex(16))
+		pi.identified <- d.(runtime.Identifier).SetIdentity(ctx, runtimeID(pi.id), host, randomHex(16))
 	})
 }
 
@@ -334,7 +336,7 @@ func (m *Manager) claimPooled(ctx context.Context, undo *cleanup.Stack, sb *stor
 	if err == nil {
 		err = pi.inst.client.RotateToken(ctx, token)
 	}
-	if w, ok := m.cfg.Driver.(runtime.CPUWeighter); ok && err == nil {
+	if w, ok := pi.inst.driver.(runtime.CPUWeighter); ok && err == nil {
 		err = w.SetBackground(ctx, runtimeID(sb.ID), false)
 	}
 	if err != nil {
@@ -374,7 +376,7 @@ func (m *Manager) preparePooled(ctx context.Context, sn *store.Snapshot) (*poole
 		defer pi.release()
 		return m.cfg.Store.DeletePoolInstance(ctx, pi.id)
 	})
-	id := identity{id: pi.id, workspace: sn.WorkspaceID, name: "pool-" + rid[:12], hostname: "pool-" + rid[:12],
+	id := identity{driver: m.rt.def(), id: pi.id, workspace: sn.WorkspaceID, name: "pool-" + rid[:12], hostname: "pool-" + rid[:12],
 		token: randomHex(32), limits: m.poolLimits()}
 	inst, err := m.prepare(ctx, &pi.undo, sn, true, "", id, sn.FSCapacityBytes+bootReserveBytes)
 	if err != nil {
@@ -531,7 +533,7 @@ func (m *Manager) recoverPools(ctx context.Context) error {
 			if !errdefs.IsNotFound(err) {
 				return err
 			}
-			err := m.takeDown(ctx, runtimeID(pi.ID), true)
+			err := m.takeDown(ctx, m.rt.def(), runtimeID(pi.ID), true)
 			m.egressDown(ctx, pi.ID)
 			if err != nil {
 				return fmt.Errorf("tear down pool instance %s: %w", pi.ID, err)

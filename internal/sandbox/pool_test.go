@@ -11,6 +11,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
+	"github.com/cubicle-dev/cubicle/internal/sandbox/sandboxtest"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -280,15 +281,20 @@ func TestPoolRefillWaitsForCreates(t *testing.T) {
 }
 
 // A create with volumes or Docker inside never takes a pool instance:
-// binds and runsc flags are fixed when the instance starts.
+// binds and runsc flags are fixed when the instance starts. Nor does one
+// on a runtime other than the default, which pools boot on.
 func TestPoolServesNoBindsOrDocker(t *testing.T) {
-	m := &Manager{}
+	m := &Manager{rt: runtimes{&sandboxtest.Driver{}}}
 	for name, sb := range map[string]*store.Sandbox{
-		"volumes": {Volumes: []store.VolumeAttachment{{VolumeID: "v", MountPath: "/data"}}},
-		"docker":  {Docker: true},
+		"volumes":       {Runtime: "fake", Volumes: []store.VolumeAttachment{{VolumeID: "v", MountPath: "/data"}}},
+		"docker":        {Runtime: "fake", Docker: true},
+		"other runtime": {Runtime: "second"},
 	} {
 		if m.poolServes(sb, &store.Snapshot{}, protocol.CreateSandboxRequest{}, runtime.Limits{}) {
 			t.Errorf("%s: a pool instance would serve it", name)
 		}
+	}
+	if !m.poolServes(&store.Sandbox{Runtime: "fake"}, &store.Snapshot{}, protocol.CreateSandboxRequest{}, runtime.Limits{}) {
+		t.Error("a pool instance would not serve a plain create")
 	}
 }

@@ -67,13 +67,15 @@ func (m *Manager) Recover(ctx context.Context) error {
 	return nil
 }
 
-// heldInstances returns the runtime ids holding a runtime instance or a
-// network endpoint, listed once rather than asked per record.
+// heldInstances returns the runtime ids holding an instance on any
+// runtime or a network endpoint, listed once rather than asked per record.
 func (m *Manager) heldInstances(ctx context.Context) (map[string]bool, error) {
 	held := map[string]bool{}
 	lists := []func(context.Context) ([]string, error){m.cfg.Network.List}
-	if l, ok := m.cfg.Driver.(runtime.Lister); ok {
-		lists = append(lists, l.List)
+	for _, d := range m.rt {
+		if l, ok := d.(runtime.Lister); ok {
+			lists = append(lists, l.List)
+		}
 	}
 	for _, list := range lists {
 		ids, err := list(ctx)
@@ -101,6 +103,9 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox, held ma
 		}
 		log.Warn("running sandbox not re-adopted; stopping it", "err", err)
 		msg := "found not running after a daemon restart; the next request starts it again"
+		if _, derr := m.driverOf(sb); derr != nil {
+			msg = "stopped by a daemon restart: " + derr.Error()
+		}
 		remount := errors.Is(err, errMountsGone)
 		if remount {
 			msg = "restarted after a daemon restart: " + errMountsGone.Error()
@@ -121,7 +126,7 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox, held ma
 		}
 	case Provisioning:
 		// The boot was interrupted: nothing of it can be trusted.
-		if err := m.takeDown(ctx, rid, false); err != nil {
+		if err := m.takeDown(ctx, m.servedDriver(sb), rid, false); err != nil {
 			log.Warn("clean up interrupted boot", "err", err)
 		}
 		if err := m.transition(ctx, sb, Failed, "daemon restarted during boot"); err != nil {
@@ -136,7 +141,7 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox, held ma
 		if !held[rid] {
 			return
 		}
-		if err := m.takeDown(ctx, rid, false); err != nil {
+		if err := m.takeDown(ctx, m.servedDriver(sb), rid, false); err != nil {
 			log.Warn("tear down instance of a stopped sandbox", "err", err)
 			return
 		}
@@ -151,11 +156,15 @@ func (m *Manager) recoverSandbox(ctx context.Context, sb *store.Sandbox, held ma
 }
 
 // readopt takes back a ready sandbox whose instance survived the daemon:
-// its process runs, its agent answers with the recorded token, and its
-// egress policy is enforced again.
+// its process runs on its runtime, its agent answers with the recorded
+// token, and its egress policy is enforced again.
 func (m *Manager) readopt(ctx context.Context, sb *store.Sandbox) error {
 	rid := runtimeID(sb.ID)
-	running, err := m.cfg.Driver.Running(ctx, rid)
+	d, err := m.driverOf(sb)
+	if err != nil {
+		return err
+	}
+	running, err := d.Running(ctx, rid)
 	if err != nil {
 		return err
 	}
@@ -164,7 +173,7 @@ func (m *Manager) readopt(ctx context.Context, sb *store.Sandbox) error {
 	}
 	// A daemon that died during a capture left it paused (a checkpoint)
 	// or frozen; resuming a running sandbox is a no-op.
-	if p, ok := m.cfg.Driver.(runtime.Pauser); ok {
+	if p, ok := d.(runtime.Pauser); ok {
 		if err := p.Resume(ctx, rid); err != nil {
 			return err
 		}
@@ -189,7 +198,7 @@ func (m *Manager) readopt(ctx context.Context, sb *store.Sandbox) error {
 	}
 	m.setAgent(sb.ID, c)
 	m.setMounted(sb.ID, sb.Volumes) // what it booted with, as far as the record knows
-	m.watch(ctx, sb.ID, c)
+	m.watch(ctx, d, sb.ID, c)
 	m.restoreActivity(sb) // neither reset nor zero the idle clock
 	return nil
 }

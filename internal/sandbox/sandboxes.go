@@ -13,6 +13,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/authz"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
 	"github.com/cubicle-dev/cubicle/internal/fault"
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 	"github.com/google/uuid"
@@ -70,21 +71,25 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := m.checkPreserveMemory(req.PreserveMemoryOnStop); err != nil {
+	d, err := m.rt.forCreate(req.Runtime)
+	if err != nil {
 		return nil, nil, err
 	}
-	if err := m.checkDocker(req.Docker); err != nil {
+	if err := checkPreserveMemory(d, req.PreserveMemoryOnStop); err != nil {
+		return nil, nil, err
+	}
+	if err := checkDocker(d, req.Docker); err != nil {
 		return nil, nil, err
 	}
 	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
 	if err != nil {
 		return nil, nil, err
 	}
-	mem, err := m.snapshotMemory(sn, req.RestoreMemory)
+	mem, err := m.snapshotMemory(d, sn, req.RestoreMemory)
 	if err != nil {
 		return nil, nil, err
 	}
-	docker, err := m.dockerOf(req.Docker, sn)
+	docker, err := dockerOf(d, req.Docker, sn)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -116,7 +121,7 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 	now := time.Now().UTC()
 	sb := &store.Sandbox{
 		ID: uuid.NewString(), WorkspaceID: p.WorkspaceID, CreatedBy: p.User, Name: req.Name,
-		Status: string(Provisioning), SnapshotID: sn.ID, Runtime: m.cfg.Driver.Name(),
+		Status: string(Provisioning), SnapshotID: sn.ID, Runtime: d.Name(),
 		VCPUs: or(req.VCPUs, lim.DefaultVCPUs), MemBytes: or(req.MemBytes, lim.DefaultMemBytes),
 		FSCapacityBytes:        or(req.FSCapacityBytes, sn.FSCapacityBytes),
 		IdleTTLSeconds:         or(req.IdleTTLSeconds, lim.DefaultIdleTTLSeconds),
@@ -281,7 +286,7 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) (err 
 	defer func() { end(err) }()
 	rid := runtimeID(sb.ID)
 	m.setAgent(sb.ID, nil)
-	if err := m.cfg.Driver.Stop(ctx, rid); err != nil {
+	if err := stopOn(ctx, m.servedDriver(sb), rid); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", sb.Name, err)
 	}
 	m.setMounted(sb.ID, nil)
@@ -297,15 +302,24 @@ func (m *Manager) halt(ctx context.Context, sb *store.Sandbox, msg string) (err 
 	return m.transition(ctx, sb, Stopped, msg)
 }
 
-// takeDown tears down instance rid: its runtime, its netns and address,
-// and its rootfs (unmounted, its files kept; with remove, deleted). Each
-// step runs whatever the others did; their errors are joined.
-func (m *Manager) takeDown(ctx context.Context, rid string, remove bool) error {
+// takeDown tears down instance rid: its runtime's on d (nil: none, see
+// servedDriver), its netns and address, and its rootfs (unmounted, its
+// files kept; with remove, deleted). Each step runs whatever the others
+// did; their errors are joined.
+func (m *Manager) takeDown(ctx context.Context, d runtime.Driver, rid string, remove bool) error {
 	fsDown := m.cfg.Storage.Unmount
 	if remove {
 		fsDown = m.cfg.Storage.Remove
 	}
-	return errors.Join(m.cfg.Driver.Stop(ctx, rid), m.cfg.Network.Teardown(ctx, rid), fsDown(ctx, rid))
+	return errors.Join(stopOn(ctx, d, rid), m.cfg.Network.Teardown(ctx, rid), fsDown(ctx, rid))
+}
+
+// stopOn stops instance rid on d; nil (a runtime not served) has none.
+func stopOn(ctx context.Context, d runtime.Driver, rid string) error {
+	if d == nil {
+		return nil
+	}
+	return d.Stop(ctx, rid)
 }
 
 // StartSandbox boots a stopped sandbox on its existing filesystem (or a
@@ -413,7 +427,7 @@ func (m *Manager) destroy(ctx context.Context, sb *store.Sandbox) error {
 	}
 	rid := runtimeID(sb.ID)
 	m.setAgent(sb.ID, nil)
-	if err := m.takeDown(ctx, rid, true); err != nil {
+	if err := m.takeDown(ctx, m.servedDriver(sb), rid, true); err != nil {
 		return fmt.Errorf("delete sandbox %s: %w", sb.Name, err)
 	}
 	m.discardMemory(sb.ID)

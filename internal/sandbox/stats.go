@@ -69,7 +69,7 @@ func (m *Manager) measure(ctx context.Context, sbs []*store.Sandbox, max int) []
 		metered++
 		rid := runtimeID(sb.ID)
 		rids = append(rids, rid)
-		if meter, ok := m.cfg.Driver.(runtime.Meter); ok {
+		if meter, ok := m.servedDriver(sb).(runtime.Meter); ok {
 			if u, err := meter.Usage(ctx, rid); err == nil {
 				st.CPUSeconds, st.MemoryBytes = u.CPU.Seconds(), u.MemoryBytes
 			}

@@ -41,7 +41,11 @@ func (m *Manager) UpdateSandbox(ctx context.Context, name string, req protocol.U
 	if err := validateUpdateRequest(req, m.cfg.Limits, m.ttlUnit()); err != nil {
 		return nil, err
 	}
-	if err := m.checkPreserveMemory(req.PreserveMemoryOnStop); err != nil {
+	d, err := m.driverOf(sb)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkPreserveMemory(d, req.PreserveMemoryOnStop); err != nil {
 		return nil, err
 	}
 	sb, unlock, err := m.lockID(ctx, sb.ID)

@@ -123,30 +123,30 @@ func validateSandboxRequest(req protocol.CreateSandboxRequest, lim LimitPolicy, 
 	return validateRunConfig("run_config", req.RunConfig)
 }
 
-// checkDocker refuses docker: true on a runtime that cannot host Docker,
-// before anything else of the request is looked up.
-func (m *Manager) checkDocker(docker *bool) error {
+// checkDocker refuses docker: true on a runtime d that cannot host
+// Docker, before anything else of the request is looked up.
+func checkDocker(d runtime.Driver, docker *bool) error {
 	if docker == nil || !*docker {
 		return nil
 	}
-	if _, ok := m.cfg.Driver.(runtime.DockerHost); !ok {
-		return errdefs.Field("docker", "the %s runtime cannot run Docker inside a sandbox (use the gvisor runtime)", m.cfg.Driver.Name())
+	if _, ok := d.(runtime.DockerHost); !ok {
+		return errdefs.Field("docker", "the %s runtime cannot run Docker inside a sandbox (use the gvisor runtime)", d.Name())
 	}
 	return nil
 }
 
-// dockerOf is the Docker-inside opt-in of a sandbox created from sn:
-// asked (docker, when not nil, already checked), else sn's, which a
-// runtime that cannot host Docker refuses.
-func (m *Manager) dockerOf(docker *bool, sn *store.Snapshot) (bool, error) {
+// dockerOf is the Docker-inside opt-in of a sandbox created from sn on
+// runtime d: asked (docker, when not nil, already checked), else sn's,
+// which a runtime that cannot host Docker refuses.
+func dockerOf(d runtime.Driver, docker *bool, sn *store.Snapshot) (bool, error) {
 	if docker != nil {
 		return *docker, nil
 	}
 	if !sn.Docker {
 		return false, nil
 	}
-	if _, ok := m.cfg.Driver.(runtime.DockerHost); !ok {
-		return false, errdefs.Field("docker", "snapshot %s runs Docker inside, which the %s runtime cannot (create with docker: false to boot it without)", sn.Name, m.cfg.Driver.Name())
+	if _, ok := d.(runtime.DockerHost); !ok {
+		return false, errdefs.Field("docker", "snapshot %s runs Docker inside, which the %s runtime cannot (create with docker: false to boot it without)", sn.Name, d.Name())
 	}
 	return true, nil
 }

@@ -12,7 +12,7 @@ import (
 
 // watch notices when sandbox id dies on its own (its Sentry or PID 1 was
 // OOM-killed, crashed, or was killed from the host). It waits on a pidfd of
-// the driver's process, so it costs nothing while the sandbox lives and
+// its runtime d's process, so it costs nothing while the sandbox lives and
 // fires at once when it goes; Close wakes it through the manager's pipe
 // and it ends without a verdict (the sandbox outlives the daemon). c is the
 // agent client of the instance being watched: a deliberate stop or restart
@@ -20,17 +20,17 @@ import (
 // once: finding the process (a runsc subprocess under gVisor, ~10 ms) is
 // part of the background work, not of the boot a client waits for; an
 // instance already gone by then has died.
-func (m *Manager) watch(ctx context.Context, id string, c *agent.Client) {
+func (m *Manager) watch(ctx context.Context, d runtime.Driver, id string, c *agent.Client) {
 	ctx = context.WithoutCancel(ctx) // the boot's context ends before the sandbox does
 	m.goBG(func() {
-		pid, err := m.cfg.Driver.PID(ctx, runtimeID(id))
+		pid, err := d.PID(ctx, runtimeID(id))
 		if err != nil {
 			m.log.Warn("cannot watch sandbox process", "sandbox", id, "err", err)
 			return
 		}
 		if pid == 0 {
 			if !m.closing() {
-				m.died(ctx, id, c) // gone already (died checks it was not on purpose)
+				m.died(ctx, d, id, c) // gone already (died checks it was not on purpose)
 			}
 			return
 		}
@@ -49,14 +49,14 @@ func (m *Manager) watch(ctx context.Context, id string, c *agent.Client) {
 		if fds[0].Revents == 0 || m.closing() {
 			return // the manager is closing
 		}
-		m.died(ctx, id, c)
+		m.died(ctx, d, id, c)
 	})
 }
 
-// died records that the instance behind c exited unexpectedly: the sandbox
+// died records that the instance behind c (on runtime d) exited unexpectedly: the sandbox
 // becomes stopped (files kept) with a message saying why, and the next
 // dataplane request or start boots it again.
-func (m *Manager) died(ctx context.Context, id string, c *agent.Client) {
+func (m *Manager) died(ctx context.Context, d runtime.Driver, id string, c *agent.Client) {
 	if cur, _ := m.instance(id); cur != c {
 		return // stopped, deleted or restarted on purpose (checked again below)
 	}
@@ -69,7 +69,7 @@ func (m *Manager) died(ctx context.Context, id string, c *agent.Client) {
 		return // stopped, deleted or restarted on purpose
 	}
 	msg, reason := "sandbox exited unexpectedly; its files are kept and the next request starts it again", protocol.StopCrash
-	if x, ok := m.cfg.Driver.(runtime.Explainer); ok {
+	if x, ok := d.(runtime.Explainer); ok {
 		if cause := x.ExitCause(runtimeID(id)); cause != "" {
 			msg = "sandbox exited unexpectedly (" + cause + "); its files are kept and the next request starts it again"
 		}

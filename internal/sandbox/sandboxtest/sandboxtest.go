@@ -273,6 +273,9 @@ func (n *Network) Endpoints() int {
 type Driver struct {
 	// AgentPort is the port every fake agent listens on.
 	AgentPort int
+	// RuntimeName is what Name returns ("fake" when empty): a second
+	// Driver of another name, on the same AgentPort, is a second runtime.
+	RuntimeName string
 	// StartHook, when set, runs at the start of Start and Restore; an
 	// error fails the start.
 	StartHook func(ctx context.Context, spec runtime.Spec) error
@@ -313,7 +316,12 @@ func NewDriver() (*Driver, error) {
 }
 
 // Name implements runtime.Driver.
-func (d *Driver) Name() string { return "fake" }
+func (d *Driver) Name() string {
+	if d.RuntimeName != "" {
+		return d.RuntimeName
+	}
+	return "fake"
+}
 
 var _ runtime.DockerHost = (*Driver)(nil)
 

@@ -9,12 +9,22 @@ type Health struct {
 	Status  string        `json:"status"`
 	Reasons []string      `json:"reasons,omitempty"`
 	Checks  []HealthCheck `json:"checks,omitempty"`
-	Runtime string        `json:"runtime"`
+	// Runtime and Accelerator are the default runtime's (of creates that
+	// name none); Runtimes are all the daemon serves, the default first.
+	Runtime string `json:"runtime"`
 	// Accelerator is the microvm runtime's: kvm or tcg.
-	Accelerator string `json:"accelerator,omitempty"`
+	Accelerator string          `json:"accelerator,omitempty"`
+	Runtimes    []ServedRuntime `json:"runtimes,omitempty"`
 	// Storage is the copy-on-write backend: btrfs, btrfs-loop or copy.
 	Storage string      `json:"storage"`
 	Space   *StoreSpace `json:"space,omitempty"`
+}
+
+// ServedRuntime is one runtime a daemon serves (--runtime).
+type ServedRuntime struct {
+	Name string `json:"name"`
+	// Accelerator is the microvm runtime's: kvm or tcg.
+	Accelerator string `json:"accelerator,omitempty"`
 }
 
 // HealthCheck is one probed part of the daemon.
@@ -72,6 +82,8 @@ type Leftover struct {
 	Kind  string `json:"kind"`
 	ID    string `json:"id"`
 	Moved string `json:"moved,omitempty"`
+	// Runtime names the driver holding a runtime leftover.
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // Leftovers is the answer of the leftovers routes.

@@ -259,6 +259,11 @@ type CreateSandboxRequest struct {
 	// Volumes are persistent volumes of the workspace mounted into the
 	// sandbox (a Cubicle extension; see volumes.go).
 	Volumes []VolumeAttachment `json:"volumes,omitempty"`
+	// Runtime (a Cubicle extension) is the runtime the sandbox runs on,
+	// one of those the daemon serves (Health.Runtimes); empty, the
+	// daemon's default. It is fixed for the sandbox's life; its forks
+	// run on it too.
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // StartSandboxRequest is the optional body of POST /boxes/{name}/start.
