@@ -211,3 +211,58 @@ func medianOf(v []float64) float64 {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
+
+// BenchmarkRootFSConfigs measures untarring 4,000 small files into the
+// root filesystem (the I/O matrix's untar row, at driver level on the
+// busybox image) under runsc root-filesystem configurations, each against
+// a host chroot of an overlay like the sandbox's in the same run,
+// alternating the two. overlay-root-self is the reference: gVisor's own
+// file store is faster, but its writes never reach the host upper dir, so
+// capture, diff, fs_capacity_bytes and persistence could not work with it.
+func BenchmarkRootFSConfigs(b *testing.B) {
+	const setup = `mkdir -p /src && cd /src && i=0; while [ $i -lt 4000 ]; do d=d$((i%40)); mkdir -p $d; echo file$i > $d/f$i; i=$((i+1)); done; tar cf /src.tar -C /src . && rm -rf /src && echo ok`
+	const job = `rm -rf /x && mkdir /x && tar xf /src.tar -C /x && echo ok`
+	hostRoot, _ := rootFS(b)
+	host := func() time.Duration {
+		t0 := time.Now()
+		out, err := exec.Command("chroot", hostRoot, "/bin/sh", "-c", job).CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "ok" {
+			b.Fatalf("host chroot: %v: %s", err, out)
+		}
+		return time.Since(t0)
+	}
+	if out, err := exec.Command("chroot", hostRoot, "/bin/sh", "-c", setup).CombinedOutput(); err != nil {
+		b.Fatalf("host chroot setup: %v: %s", err, out)
+	}
+	for _, c := range []struct {
+		name string
+		opts []Option
+	}{
+		{"default", nil},
+		{"dcache-10000", []Option{WithRunscFlags("--dcache=10000")}},
+		{"file-access-shared", []Option{WithFileAccess("shared")}},
+		{"overlay-root-self", []Option{WithOverlay("root:self")}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			s := startSandbox(b, newDriver(b, c.opts...), runtime.Limits{})
+			if out := strings.TrimSpace(s.sh(b, setup)); out != "ok" {
+				b.Fatalf("setup: %q", out)
+			}
+			var in, on []time.Duration
+			for b.Loop() {
+				t0 := time.Now()
+				if out := strings.TrimSpace(s.sh(b, job)); out != "ok" {
+					b.Fatalf("untar: %q", out)
+				}
+				in = append(in, time.Since(t0))
+				on = append(on, host())
+			}
+			slices.Sort(in)
+			slices.Sort(on)
+			si, ho := float64(in[len(in)/2].Microseconds())/1000, float64(on[len(on)/2].Microseconds())/1000
+			b.ReportMetric(si, "sandbox-ms")
+			b.ReportMetric(ho, "host-ms")
+			b.ReportMetric(si/ho, "ratio")
+		})
+	}
+}

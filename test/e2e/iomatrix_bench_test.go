@@ -1,0 +1,194 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
+)
+
+// ioWorkload is one install-like job of the I/O matrix: setup builds its
+// inputs (not timed), job is timed, both run by /bin/sh as root in the
+// default computer. job must leave things so that it can run again.
+type ioWorkload struct {
+	name, setup, job string
+}
+
+// ioWorkloads are what issue 15 measures against a host chroot: untarring
+// a tree of many small files (Python's standard library and Perl's
+// modules from the image itself), `dpkg -i` of a package set (built with
+// dpkg-deb from 8 packages of 400 files each, purged again after each
+// run so the next installs anew) and `npm install` of local tarballs
+// (20 packages of 150 files, packed with tar as npm pack would, installed
+// offline: no registry is reached).
+var ioWorkloads = []ioWorkload{
+	{
+		name: "untar",
+		setup: `cd / && tar cf /root/io-src.tar $(ls -d usr/lib/python3.* usr/share/perl* 2>/dev/null) && ` +
+			`tar tf /root/io-src.tar | wc -l`,
+		job: `rm -rf /root/io-x && mkdir /root/io-x && tar xf /root/io-src.tar -C /root/io-x`,
+	},
+	{
+		name: "dpkg",
+		setup: `set -e; rm -rf /root/io-debs; mkdir -p /root/io-debs; for p in 0 1 2 3 4 5 6 7; do
+  d=/root/io-debs/src$p; mkdir -p $d/DEBIAN $d/opt/iomatrix/$p
+  printf 'Package: iomatrix-%s\nVersion: 1.0\nArchitecture: all\nMaintainer: e2e <e2e@cubicle>\nDescription: I/O matrix package\n' $p > $d/DEBIAN/control
+  i=0; while [ $i -lt 400 ]; do mkdir -p $d/opt/iomatrix/$p/d$((i % 20)); head -c $((1024 + (i % 8) * 1024)) /dev/urandom > $d/opt/iomatrix/$p/d$((i % 20))/f$i; i=$((i+1)); done
+  dpkg-deb -Zgzip --build $d /root/io-debs/iomatrix-$p.deb >/dev/null; rm -rf $d
+done; ls /root/io-debs/*.deb | wc -l`,
+		job: `dpkg -i /root/io-debs/*.deb >/dev/null && dpkg -P iomatrix-0 iomatrix-1 iomatrix-2 iomatrix-3 iomatrix-4 iomatrix-5 iomatrix-6 iomatrix-7 >/dev/null`,
+	},
+	{
+		name: "npm",
+		setup: `set -e; command -v npm >/dev/null; rm -rf /root/io-npm; mkdir -p /root/io-npm/tgz /root/io-npm/proj; cd /root/io-npm
+node -e 'const fs = require("fs"), crypto = require("crypto");
+for (let p = 0; p < 20; p++) {
+  const d = "src" + p + "/package";
+  fs.mkdirSync(d + "/lib", {recursive: true});
+  fs.writeFileSync(d + "/package.json", JSON.stringify({name: "iomatrix-" + p, version: "1.0.0", main: "lib/f0.js"}));
+  for (let i = 0; i < 150; i++) fs.writeFileSync(d + "/lib/f" + i + ".js", "module.exports = " + i + "; // " + crypto.randomBytes(450).toString("base64") + "\n");
+}'
+for p in $(seq 0 19); do tar czf tgz/iomatrix-$p.tgz -C src$p package; done; rm -rf src*; ls tgz | wc -l`,
+		job: `cd /root/io-npm/proj && rm -rf node_modules package.json package-lock.json && echo '{}' > package.json && ` +
+			`npm install --offline --no-audit --no-fund --no-package-lock --silent /root/io-npm/tgz/*.tgz >/dev/null && test -f node_modules/iomatrix-19/lib/f149.js`,
+	},
+}
+
+// BenchmarkIOMatrix runs each of ioWorkloads inside a gVisor sandbox of
+// the default computer and in a host chroot of a second sandbox's own
+// rootfs (the same overlay on the same CoW store, so the two differ only
+// by gVisor: the baseline issue 15 names), alternating the two so both
+// see the same load. Reported per workload: the medians and the ratio.
+// CUBICLE_IOMATRIX_ROUNDS sets the runs of each (default 5). The 256 MB
+// download row is BenchmarkDownload in internal/runtime/gvisor, which has
+// a host peer to download from.
+func BenchmarkIOMatrix(b *testing.B) {
+	rounds := 5
+	if v, err := strconv.Atoi(os.Getenv("CUBICLE_IOMATRIX_ROUNDS")); err == nil && v > 0 {
+		rounds = v
+	}
+	d := startDaemonEnv(b, "gvisor", "", []string{"CUBICLE_DEFAULT_IMAGE=", "CUBICLE_BLUEPRINT_CACHE=" + blueprintCache()})
+	sn := waitBuiltinDefault(b, d)
+	big := func(r *protocol.CreateSandboxRequest) {
+		r.MemBytes, r.FSCapacityBytes = int64p(2<<30), int64p(8<<30)
+	}
+	inside := newSandbox(b, d.Client, sn.ID, big)
+	// Only its rootfs is used, from the host (see hostChroot).
+	host := newSandbox(b, d.Client, sn.ID, big)
+	root := mergedRootFS(b, strings.ReplaceAll(host.ID, "-", ""))
+	var table []string
+	for b.Loop() {
+		for _, w := range ioWorkloads {
+			a := strings.TrimSpace(runLong(b, d.Client, inside.Name, asRoot(w.setup)))
+			out, _ := hostChroot(b, root, w.setup)
+			h := strings.TrimSpace(out)
+			if a != h {
+				b.Fatalf("%s: setups differ: %q vs %q", w.name, a, h)
+			}
+			var sb, hc []time.Duration
+			for range rounds {
+				t0 := time.Now()
+				runLong(b, d.Client, inside.Name, asRoot(w.job))
+				sb = append(sb, time.Since(t0))
+				_, took := hostChroot(b, root, w.job)
+				hc = append(hc, took)
+			}
+			s, hm := ms(median(sb)), ms(median(hc))
+			b.ReportMetric(s, w.name+"-sandbox-ms")
+			b.ReportMetric(hm, w.name+"-host-ms")
+			b.ReportMetric(s/hm, w.name+"-ratio")
+			table = append(table, fmt.Sprintf("%-6s %5s inputs  sandbox %8.0f ms  host chroot %8.0f ms  ratio %.2f×", w.name, a, s, hm, s/hm))
+		}
+	}
+	b.ReportMetric(0, "ns/op")
+	b.Logf("I/O matrix, medians of %d (gVisor %s vs host chroot on the same store):\n%s", rounds, "systrap, --overlay2=none, --file-access=exclusive", strings.Join(table, "\n"))
+}
+
+// runLong is mustRun with room for a job of minutes.
+func runLong(tb testing.TB, c *cubicle.Client, name, command string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	code, err := c.Exec(ctx, name, cubicle.ExecRequest{Command: command, Shell: "/bin/sh", Timeout: 5 * time.Minute, Stdout: &out, Stderr: &errb})
+	if err != nil || code != 0 {
+		tb.Fatalf("%q in %s: exit %d, %v: %s %s", command, name, code, err, out.String(), errb.String())
+	}
+	return out.String()
+}
+
+// asRoot wraps script for the default computer, whose commands run as
+// "user": through its sudo, as the host chroot runs as root (a few
+// milliseconds of a job that takes seconds).
+func asRoot(script string) string {
+	return "sudo -n sh -c '" + strings.ReplaceAll(script, "'", `'\''`) + "'"
+}
+
+// waitBuiltinDefault waits until the daemon's built-in default computer
+// is ready (it builds in the background; a warm blueprint cache makes
+// that an import) and returns it.
+func waitBuiltinDefault(tb testing.TB, d *daemon) protocol.Snapshot {
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		sn := builtinDefault(tb, d.Client)
+		switch {
+		case sn.Status == protocol.SnapshotReady:
+			return sn
+		case sn.Status != protocol.SnapshotBuilding:
+			tb.Fatalf("default is %s: %s", sn.Status, sn.StatusMessage)
+		case time.Now().After(deadline):
+			tb.Fatalf("default still building after 10 minutes (%d%%: %s)", sn.BuildPercent, sn.BuildStep)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// mergedRootFS is where the host has the root filesystem of the sandbox
+// with internal id (its UUID without dashes) mounted (its overlay's merged
+// dir), found in the mount table.
+func mergedRootFS(tb testing.TB, id string) string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && strings.Contains(fields[4], id) && strings.HasSuffix(fields[4], "/rootfs") {
+			return fields[4]
+		}
+	}
+	tb.Fatalf("no rootfs mount of sandbox %s", id)
+	return ""
+}
+
+// hostChroot runs job by /bin/sh in a chroot of root on the host kernel,
+// with /proc and /dev bound in a mount namespace of its own (so nothing is
+// left mounted in the sandbox's rootfs), and returns its stdout and time.
+// The sandbox whose rootfs it is stays idle meanwhile: everything in it
+// the matrix uses is written here, on the host, never through its gVisor.
+func hostChroot(tb testing.TB, root, job string) (string, time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	wrap := `set -e; mount --make-rprivate /; mount --rbind /dev "$1/dev"; mount -t proc proc "$1/proc"; ` +
+		`exec chroot "$1" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root /bin/sh -c "$2"`
+	t0 := time.Now()
+	var stderr strings.Builder
+	cmd := exec.CommandContext(ctx, "unshare", "-m", "sh", "-c", wrap, "chroot", root, job)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	took := time.Since(t0)
+	if err != nil {
+		tb.Fatalf("host chroot %q: %v: %s %s", job, err, out, stderr.String())
+	}
+	return string(out), took
+}
