@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -67,15 +66,11 @@ for p in $(seq 0 19); do tar czf tgz/iomatrix-$p.tgz -C src$p package; done; rm 
 // the default computer and in a host chroot of a second sandbox's own
 // rootfs (the same overlay on the same CoW store, so the two differ only
 // by gVisor: the baseline issue 15 names), alternating the two so both
-// see the same load. Reported per workload: the medians and the ratio.
-// CUBICLE_IOMATRIX_ROUNDS sets the runs of each (default 5). The 256 MB
+// see the same load; -benchtime Nx runs N rounds. Reported per workload:
+// the medians and the ratio. The 256 MB
 // download row is BenchmarkDownload in internal/runtime/gvisor, which has
 // a host peer to download from.
 func BenchmarkIOMatrix(b *testing.B) {
-	rounds := 5
-	if v, err := strconv.Atoi(os.Getenv("CUBICLE_IOMATRIX_ROUNDS")); err == nil && v > 0 {
-		rounds = v
-	}
 	d := startDaemonEnv(b, "gvisor", "", []string{"CUBICLE_DEFAULT_IMAGE=", "CUBICLE_BLUEPRINT_CACHE=" + blueprintCache()})
 	sn := waitBuiltinDefault(b, d)
 	big := func(r *protocol.CreateSandboxRequest) {
@@ -85,32 +80,36 @@ func BenchmarkIOMatrix(b *testing.B) {
 	// Only its rootfs is used, from the host (see hostChroot).
 	host := newSandbox(b, d.Client, sn.ID, big)
 	root := mergedRootFS(b, strings.ReplaceAll(host.ID, "-", ""))
-	var table []string
-	for b.Loop() {
-		for _, w := range ioWorkloads {
-			a := strings.TrimSpace(runLong(b, d.Client, inside.Name, asRoot(w.setup)))
-			out, _ := hostChroot(b, root, w.setup)
-			h := strings.TrimSpace(out)
-			if a != h {
-				b.Fatalf("%s: setups differ: %q vs %q", w.name, a, h)
-			}
-			var sb, hc []time.Duration
-			for range rounds {
-				t0 := time.Now()
-				runLong(b, d.Client, inside.Name, asRoot(w.job))
-				sb = append(sb, time.Since(t0))
-				_, took := hostChroot(b, root, w.job)
-				hc = append(hc, took)
-			}
-			s, hm := ms(median(sb)), ms(median(hc))
-			b.ReportMetric(s, w.name+"-sandbox-ms")
-			b.ReportMetric(hm, w.name+"-host-ms")
-			b.ReportMetric(s/hm, w.name+"-ratio")
-			table = append(table, fmt.Sprintf("%-6s %5s inputs  sandbox %8.0f ms  host chroot %8.0f ms  ratio %.2f×", w.name, a, s, hm, s/hm))
+	inputs := make([]string, len(ioWorkloads))
+	for i, w := range ioWorkloads {
+		inputs[i] = strings.TrimSpace(runLong(b, d.Client, inside.Name, asRoot(w.setup)))
+		out, _ := hostChroot(b, root, w.setup)
+		if h := strings.TrimSpace(out); h != inputs[i] {
+			b.Fatalf("%s: setups differ: %q vs %q", w.name, inputs[i], h)
 		}
 	}
+	sb, hc := make([][]time.Duration, len(ioWorkloads)), make([][]time.Duration, len(ioWorkloads))
+	b.ResetTimer()
+	for b.Loop() { // one round: each workload in the sandbox, then on the host
+		for i, w := range ioWorkloads {
+			t0 := time.Now()
+			runLong(b, d.Client, inside.Name, asRoot(w.job))
+			sb[i] = append(sb[i], time.Since(t0))
+			_, took := hostChroot(b, root, w.job)
+			hc[i] = append(hc[i], took)
+		}
+	}
+	var table []string
+	for i, w := range ioWorkloads {
+		s, hm := ms(median(sb[i])), ms(median(hc[i]))
+		b.ReportMetric(s, w.name+"-sandbox-ms")
+		b.ReportMetric(hm, w.name+"-host-ms")
+		b.ReportMetric(s/hm, w.name+"-ratio")
+		table = append(table, fmt.Sprintf("%-6s %5s inputs  sandbox %8.0f ms  host chroot %8.0f ms  ratio %.2f×", w.name, inputs[i], s, hm, s/hm))
+	}
 	b.ReportMetric(0, "ns/op")
-	b.Logf("I/O matrix, medians of %d (gVisor %s vs host chroot on the same store):\n%s", rounds, "systrap, --overlay2=none, --file-access=exclusive", strings.Join(table, "\n"))
+	b.Logf("I/O matrix, medians of %d rounds (gVisor systrap, --overlay2=none, --file-access=exclusive vs host chroot on the same store):\n%s",
+		len(sb[0]), strings.Join(table, "\n"))
 }
 
 // runLong is mustRun with room for a job of minutes.

@@ -214,27 +214,16 @@ func medianOf(v []float64) float64 {
 
 // BenchmarkRootFSConfigs measures untarring 4,000 small files into the
 // root filesystem (the I/O matrix's untar row, at driver level on the
-// busybox image) under runsc root-filesystem configurations, each against
-// a host chroot of an overlay like the sandbox's in the same run,
-// alternating the two. overlay-root-self is the reference: gVisor's own
-// file store is faster, but its writes never reach the host upper dir, so
-// capture, diff, fs_capacity_bytes and persistence could not work with it.
+// busybox image) under runsc root-filesystem configurations and in a host
+// chroot of an overlay like the sandboxes', each round running it once in
+// every one of them, so all see the same machine load. overlay-root-self
+// is the reference: gVisor's own file store is faster, but its writes
+// never reach the host upper dir, so capture, diff, fs_capacity_bytes and
+// persistence could not work with it.
 func BenchmarkRootFSConfigs(b *testing.B) {
 	const setup = `mkdir -p /src && cd /src && i=0; while [ $i -lt 4000 ]; do d=d$((i%40)); mkdir -p $d; echo file$i > $d/f$i; i=$((i+1)); done; tar cf /src.tar -C /src . && rm -rf /src && echo ok`
 	const job = `rm -rf /x && mkdir /x && tar xf /src.tar -C /x && echo ok`
-	hostRoot, _ := rootFS(b)
-	host := func() time.Duration {
-		t0 := time.Now()
-		out, err := exec.Command("chroot", hostRoot, "/bin/sh", "-c", job).CombinedOutput()
-		if err != nil || strings.TrimSpace(string(out)) != "ok" {
-			b.Fatalf("host chroot: %v: %s", err, out)
-		}
-		return time.Since(t0)
-	}
-	if out, err := exec.Command("chroot", hostRoot, "/bin/sh", "-c", setup).CombinedOutput(); err != nil {
-		b.Fatalf("host chroot setup: %v: %s", err, out)
-	}
-	for _, c := range []struct {
+	configs := []struct {
 		name string
 		opts []Option
 	}{
@@ -242,27 +231,45 @@ func BenchmarkRootFSConfigs(b *testing.B) {
 		{"dcache-10000", []Option{WithRunscFlags("--dcache=10000")}},
 		{"file-access-shared", []Option{WithFileAccess("shared")}},
 		{"overlay-root-self", []Option{WithOverlay("root:self")}},
-	} {
-		b.Run(c.name, func(b *testing.B) {
-			s := startSandbox(b, newDriver(b, c.opts...), runtime.Limits{})
-			if out := strings.TrimSpace(s.sh(b, setup)); out != "ok" {
-				b.Fatalf("setup: %q", out)
-			}
-			var in, on []time.Duration
-			for b.Loop() {
-				t0 := time.Now()
-				if out := strings.TrimSpace(s.sh(b, job)); out != "ok" {
-					b.Fatalf("untar: %q", out)
-				}
-				in = append(in, time.Since(t0))
-				on = append(on, host())
-			}
-			slices.Sort(in)
-			slices.Sort(on)
-			si, ho := float64(in[len(in)/2].Microseconds())/1000, float64(on[len(on)/2].Microseconds())/1000
-			b.ReportMetric(si, "sandbox-ms")
-			b.ReportMetric(ho, "host-ms")
-			b.ReportMetric(si/ho, "ratio")
-		})
 	}
+	hostRoot, _ := rootFS(b)
+	if out, err := exec.Command("chroot", hostRoot, "/bin/sh", "-c", setup).CombinedOutput(); err != nil {
+		b.Fatalf("host chroot setup: %v: %s", err, out)
+	}
+	boxes := make([]*sandbox, len(configs))
+	for i, c := range configs {
+		boxes[i] = startSandbox(b, newDriver(b, c.opts...), runtime.Limits{})
+		if out := strings.TrimSpace(boxes[i].sh(b, setup)); out != "ok" {
+			b.Fatalf("%s setup: %q", c.name, out)
+		}
+	}
+	in := make([][]time.Duration, len(configs))
+	var on []time.Duration
+	for b.Loop() {
+		for i, s := range boxes {
+			t0 := time.Now()
+			if out := strings.TrimSpace(s.sh(b, job)); out != "ok" {
+				b.Fatalf("%s untar: %q", configs[i].name, out)
+			}
+			in[i] = append(in[i], time.Since(t0))
+		}
+		t0 := time.Now()
+		if out, err := exec.Command("chroot", hostRoot, "/bin/sh", "-c", job).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "ok" {
+			b.Fatalf("host chroot: %v: %s", err, out)
+		}
+		on = append(on, time.Since(t0))
+	}
+	p50 := func(ds []time.Duration) float64 {
+		ds = slices.Clone(ds)
+		slices.Sort(ds)
+		return float64(ds[len(ds)/2].Microseconds()) / 1000
+	}
+	host := p50(on)
+	b.ReportMetric(host, "host-ms")
+	for i, c := range configs {
+		v := p50(in[i])
+		b.ReportMetric(v, c.name+"-ms")
+		b.ReportMetric(v/host, c.name+"-ratio")
+	}
+	b.ReportMetric(0, "ns/op")
 }
