@@ -17,7 +17,8 @@ import (
 // clientVersions) against a gvisor daemon: once with `ws` installed
 // (WebSocket exec, streaming, PTY, reconnects) and once without (HTTP POST
 // /execute; WS-only methods must throw the client's "requires the 'ws'
-// package" error).
+// package" error); then with the newest client over WebSocket against a
+// microvm daemon.
 //
 // The idle-TTL and delete-after-stop checks wait for the protocol's 60 s
 // unit; they run only in the first version's websocket pass and not with
@@ -28,23 +29,32 @@ func TestConformance(t *testing.T) {
 	// The reaper enforces idle_ttl_seconds / delete_after_stop_seconds; a
 	// short interval keeps the TTL checks near their 60 s minimum.
 	t.Setenv("CUBICLE_REAP_INTERVAL", "2s")
-	d := startDaemon(t, "gvisor", "")
+	daemons := map[string]*daemon{"gvisor": startDaemon(t, "gvisor", "")}
 	script := filepath.Join(repoRoot(t), "test", "conformance", "conformance.mjs")
 	type pass struct {
 		name, version string
 		ws            bool
 		path          string
 		slow          bool
+		runtime       string
 	}
 	var passes []pass
 	for i, v := range clientVersions {
 		// The TTL checks time the server, not the client: once is enough.
 		passes = append(passes,
-			pass{"websocket", v, true, "exec-path=websocket", !testing.Short() && i == 0},
-			pass{"http", v, false, "exec-path=http", false})
+			pass{"websocket", v, true, "exec-path=websocket", !testing.Short() && i == 0, "gvisor"},
+			pass{"http", v, false, "exec-path=http", false, "gvisor"})
 	}
+	// The whole suite once more on the microVM runtime, with the newest
+	// client over WebSocket.
+	passes = append(passes, pass{"microvm", clientVersions[len(clientVersions)-1], true, "exec-path=websocket", false, "microvm"})
 	for _, tc := range passes {
 		t.Run(tc.version+"/"+tc.name, func(t *testing.T) {
+			d := daemons[tc.runtime]
+			if d == nil {
+				d = startDaemon(t, tc.runtime, "")
+				daemons[tc.runtime] = d
+			}
 			dir := npmDirVersion(t, tc.version, tc.ws)
 			data, err := os.ReadFile(script)
 			if err != nil {
