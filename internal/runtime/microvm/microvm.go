@@ -188,7 +188,7 @@ func (d *Driver) Accel() string { return d.accel }
 
 // probeAccel boots the guest kernel under KVM with an initramfs whose init
 // has no config (it says so on the console and powers off): KVM is used
-// when that completes within KVMProbeTimeout. QEMU runs in the jail a
+// when that message comes within KVMProbeTimeout. QEMU runs in the jail a
 // sandbox's does (see bootsUnder). The answer is kept in the
 // state dir for this host boot, QEMU and kernel, so a restarted daemon
 // does not wait for the probe again.
