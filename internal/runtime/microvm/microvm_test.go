@@ -60,7 +60,7 @@ func testAccel(kernel, agent string) string {
 		accel = AccelTCG
 		if dir, err := os.MkdirTemp("", "cubicle-vmprobe-"); err == nil {
 			defer os.RemoveAll(dir)
-			accel = ProbeAccel(context.Background(), Config{QEMU: "qemu-system-x86_64", Kernel: kernel, StateDir: dir, Agent: agent})
+			accel = ProbeAccel(context.Background(), Config{Kernel: kernel, StateDir: dir, Agent: agent})
 		}
 	})
 	return accel
