@@ -16,9 +16,10 @@ import (
 )
 
 // QEMU's jail. QEMU runs as root of a user namespace of its own whose ids
-// are the sandbox id mapping (userns.IDMap: host uid/gid HostIDBase..), so
-// on the host it is an unprivileged uid with no capability; it has new
-// mount, pid, IPC, UTS, cgroup and network namespaces besides. Before it
+// are a host range of that VM's own (its id slot, see slots.go), so on the
+// host it is an unprivileged uid no other process has, with no capability;
+// it has new mount, pid, IPC, UTS, cgroup and network namespaces besides.
+// The KVM probe's QEMU runs in the same jail. Before it
 // execs QEMU, the jail (this binary again, as JailArg) pivots into an empty
 // tmpfs that holds only what QEMU needs: the host's /usr read-only (QEMU,
 // its libraries and firmware), /dev/null, /dev/urandom (and /dev/kvm on
@@ -247,9 +248,10 @@ func (j *jailFiles) systemFiles(kvm bool) error {
 }
 
 // exports adds the sandbox's rootfs and bind mounts as 9p exports,
-// idmapped with usernsFD, and returns their paths in the jail.
-func (j *jailFiles) exports(spec runtime.Spec, usernsFD int) (root string, mounts []string, err error) {
-	fd, err := userns.IdmappedRoot(spec.RootFS, usernsFD)
+// idmapped with usernsFD (whose root is host id hostID), and returns their
+// paths in the jail.
+func (j *jailFiles) exports(spec runtime.Spec, usernsFD, hostID int) (root string, mounts []string, err error) {
+	fd, err := userns.IdmappedRoot(spec.RootFS, usernsFD, hostID)
 	if err != nil {
 		return "", nil, fmt.Errorf("rootfs: %w", err)
 	}

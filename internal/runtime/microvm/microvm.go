@@ -15,7 +15,8 @@
 // namespaces (see jail.go).
 //
 // Lock order: none; the driver keeps no in-memory state per sandbox. Its
-// state is stateDir/<id>/ (state.json names QEMU's process).
+// state is stateDir/<id>/ (state.json names QEMU's process and its id
+// slot, see slots.go).
 package microvm
 
 import (
@@ -32,7 +33,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -117,9 +117,6 @@ const KVMProbeTimeout = 5 * time.Second
 type Driver struct {
 	cfg   Config
 	accel string
-
-	usernsMu sync.Mutex
-	usernsFD int // -1 until the first Start
 }
 
 var (
@@ -131,23 +128,9 @@ var (
 
 // New checks cfg and decides the accelerator.
 func New(ctx context.Context, cfg Config) (*Driver, error) {
-	if cfg.QEMU == "" {
-		p, err := exec.LookPath("qemu-system-x86_64")
-		if err != nil {
-			return nil, fmt.Errorf("microvm: qemu-system-x86_64 not found (apt-get install qemu-system-x86): %w", err)
-		}
-		cfg.QEMU = p
-	}
-	p, err := jailQEMU(cfg.QEMU)
+	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
-	}
-	cfg.QEMU = p
-	if cfg.Jail == "" {
-		cfg.Jail = "/proc/self/exe"
-	}
-	if cfg.HostResolvConf == "" {
-		cfg.HostResolvConf = "/etc/resolv.conf"
 	}
 	if _, err := os.Stat(cfg.Kernel); err != nil {
 		return nil, fmt.Errorf("microvm: guest kernel (make guest-kernel): %w", err)
@@ -155,7 +138,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("microvm: state dir: %w", err)
 	}
-	d := &Driver{cfg: cfg, accel: cfg.Accel, usernsFD: -1}
+	d := &Driver{cfg: cfg, accel: cfg.Accel}
 	switch cfg.Accel {
 	case AccelKVM, AccelTCG:
 	case "":
@@ -164,6 +147,30 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 		return nil, fmt.Errorf("microvm: accelerator %q: want kvm or tcg: %w", cfg.Accel, errdefs.ErrInvalid)
 	}
 	return d, nil
+}
+
+// withDefaults fills in cfg's unset QEMU, Jail and HostResolvConf and
+// resolves QEMU to the path its jail shows.
+func (cfg Config) withDefaults() (Config, error) {
+	if cfg.QEMU == "" {
+		p, err := exec.LookPath("qemu-system-x86_64")
+		if err != nil {
+			return cfg, fmt.Errorf("microvm: qemu-system-x86_64 not found (apt-get install qemu-system-x86): %w", err)
+		}
+		cfg.QEMU = p
+	}
+	p, err := jailQEMU(cfg.QEMU)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.QEMU = p
+	if cfg.Jail == "" {
+		cfg.Jail = "/proc/self/exe"
+	}
+	if cfg.HostResolvConf == "" {
+		cfg.HostResolvConf = "/etc/resolv.conf"
+	}
+	return cfg, nil
 }
 
 // Name implements runtime.Driver.
@@ -181,7 +188,8 @@ func (d *Driver) Accel() string { return d.accel }
 
 // probeAccel boots the guest kernel under KVM with an initramfs whose init
 // has no config (it says so on the console and powers off): KVM is used
-// when that completes within KVMProbeTimeout. The answer is kept in the
+// when that message comes within KVMProbeTimeout. QEMU runs in the jail a
+// sandbox's does (see bootsUnder). The answer is kept in the
 // state dir for this host boot, QEMU and kernel, so a restarted daemon
 // does not wait for the probe again.
 func probeAccel(ctx context.Context, cfg Config) string {
@@ -195,7 +203,7 @@ func probeAccel(ctx context.Context, cfg Config) string {
 	accel := AccelTCG
 	if f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0); err == nil && cfg.Agent != "" {
 		f.Close()
-		if bootsUnder(ctx, cfg, AccelKVM) {
+		if bootsUnder(ctx, cfg, AccelKVM, KVMProbeTimeout) {
 			accel = AccelKVM
 		}
 	}
@@ -217,29 +225,89 @@ func probeKey(cfg Config) string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// ProbeAccel is the accelerator New would choose for cfg with Accel unset.
-func ProbeAccel(ctx context.Context, cfg Config) string { return probeAccel(ctx, cfg) }
+// ProbeAccel is the accelerator New would choose for cfg with Accel unset
+// (TCG when cfg is unusable).
+func ProbeAccel(ctx context.Context, cfg Config) string {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return AccelTCG
+	}
+	return probeAccel(ctx, cfg)
+}
 
-func bootsUnder(ctx context.Context, cfg Config, accel string) bool {
+// bootsUnder reports whether the guest kernel boots to init under accel
+// within timeout: init's complaint about its missing config reaches the
+// console (it then powers off, which halts a guest without ACPI, so QEMU
+// is killed here). QEMU runs jailed as a sandbox's does, with an id slot
+// of its own (owned by its temporary dir's name) and no network or
+// exports; its -name is that dir.
+func bootsUnder(ctx context.Context, cfg Config, accel string, timeout time.Duration) bool {
 	dir, err := os.MkdirTemp(cfg.StateDir, "probe-")
 	if err != nil {
 		return false
 	}
 	defer os.RemoveAll(dir)
+	slot, err := allocSlot(cfg.StateDir, filepath.Base(dir))
+	if err != nil {
+		return false
+	}
+	defer releaseSlots(cfg.StateDir, filepath.Base(dir))
+	hostID := slotHostID(slot)
 	initrd := filepath.Join(dir, initrdFile)
 	if err := writeInitrd(initrd, cfg.Agent, nil); err != nil {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, KVMProbeTimeout)
-	defer cancel()
 	console := filepath.Join(dir, "console.log")
-	args := append(machineArgs(accel, 1, 256<<20), "-kernel", cfg.Kernel, "-initrd", initrd,
-		"-append", "console=ttyS0 quiet panic=-1 rdinit=/init", "-serial", "file:"+console)
-	if exec.CommandContext(ctx, cfg.QEMU, args...).Run() != nil {
+	if err := os.WriteFile(console, nil, 0o600); err != nil {
 		return false
 	}
-	b, _ := os.ReadFile(console)
-	return strings.Contains(string(b), "cubicle guest init")
+	for _, p := range []string{initrd, console} {
+		if err := os.Chown(p, hostID, hostID); err != nil {
+			return false
+		}
+	}
+	var j jailFiles
+	defer j.close()
+	if err := j.systemFiles(accel == AccelKVM); err != nil {
+		return false
+	}
+	var fds []int
+	for _, f := range []struct {
+		path string
+		flag int
+	}{{cfg.Kernel, os.O_RDONLY}, {initrd, os.O_RDONLY}, {console, os.O_WRONLY | os.O_APPEND}} {
+		fh, err := os.OpenFile(f.path, f.flag, 0)
+		if err != nil {
+			return false
+		}
+		fds = append(fds, j.add(fh))
+	}
+	argv := append([]string{cfg.QEMU}, machineArgs(accel, 1, 256<<20)...)
+	argv = append(argv, "-name", "guest="+dir,
+		"-kernel", fdPath(fds[0]), "-initrd", fdPath(fds[1]),
+		"-append", "console=ttyS0 quiet panic=-1 rdinit=/init", "-serial", "file:"+fdPath(fds[2]),
+		"-sandbox", qemuSandbox)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cfg.Jail, JailArg)
+	if err := startJail(cmd, hostID, accel == AccelKVM, &j, argv); err != nil {
+		return false
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	defer func() { cancel(); <-exited }()
+	for {
+		if b, _ := os.ReadFile(console); bytes.Contains(b, []byte("cubicle guest init")) {
+			return true
+		}
+		select {
+		case <-exited:
+			return false
+		case <-ctx.Done():
+			return false
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // machineArgs are the QEMU arguments for the machine itself.
@@ -268,6 +336,8 @@ type state struct {
 	runtime.Process
 	NetNS string `json:"netns"`
 	Link  string `json:"link"`
+	// Slot is QEMU's id slot (see slots.go).
+	Slot int `json:"slot"`
 }
 
 func validID(id string) error {
@@ -306,6 +376,12 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	undo.Push(func(context.Context) error { return os.RemoveAll(dir) })
+	slot, err := allocSlot(d.cfg.StateDir, spec.ID)
+	if err != nil {
+		return fmt.Errorf("start %s: %w", spec.ID, err)
+	}
+	undo.Push(func(context.Context) error { return releaseSlots(d.cfg.StateDir, spec.ID) })
+	hostID := slotHostID(slot)
 	if err := mountConsole(dir); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
@@ -336,7 +412,7 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 	}
 	// QEMU reopens these through the fds it is handed, as its own uid.
 	for _, p := range []string{initrd, filepath.Join(dir, consoleFile)} {
-		if err := os.Chown(p, userns.HostIDBase, userns.HostIDBase); err != nil {
+		if err := os.Chown(p, hostID, hostID); err != nil {
 			return fmt.Errorf("start %s: %w", spec.ID, err)
 		}
 	}
@@ -344,12 +420,12 @@ func (d *Driver) Start(ctx context.Context, spec runtime.Spec) error {
 	defer os.Remove(initrd)
 
 	undo.Push(func(ctx context.Context) error { return disconnect(spec.NetNS, n.Link) })
-	proc, err := d.launch(ctx, spec, n, dir)
+	proc, err := d.launch(ctx, spec, n, dir, hostID)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	undo.Push(func(ctx context.Context) error { return proc.Kill(ctx) })
-	if err := d.writeState(spec.ID, state{Process: proc, NetNS: spec.NetNS, Link: n.Link}); err != nil {
+	if err := d.writeState(spec.ID, state{Process: proc, NetNS: spec.NetNS, Link: n.Link, Slot: slot}); err != nil {
 		return fmt.Errorf("start %s: %w", spec.ID, err)
 	}
 	if err := connectTap(spec.NetNS, n); err != nil {
@@ -383,24 +459,28 @@ func guestBytes(l runtime.Limits) int64 {
 // the guest's boot is the caller's to wait for.
 const qemuReadyTimeout = 30 * time.Second
 
-// launch starts QEMU in its jail (see jail.go) and returns once it has set
-// up the machine (QMP answers), with the guest booting.
+// launch starts QEMU in its jail (see jail.go) as host id hostID and
+// returns once it has set up the machine (QMP answers), with the guest
+// booting.
 //
 // QEMU runs in a session of its own (no signal to the daemon's group
 // reaches it); its seccomp filter refuses exec, privilege changes and
 // obsolete syscalls. It is deliberately not a child the daemon must
 // outlive: the daemon reaps it while it lives, the host's init afterwards.
-func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir string) (runtime.Process, error) {
-	usernsFD, err := d.userns()
+func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir string, hostID int) (runtime.Process, error) {
+	// The exports are idmapped with a namespace of QEMU's own mapping;
+	// the mounts keep it alive.
+	usernsFD, err := userns.New([]string{d.cfg.Jail, JailArg}, hostID)
 	if err != nil {
-		return runtime.Process{}, err
+		return runtime.Process{}, fmt.Errorf("idmapping user namespace: %w", err)
 	}
+	defer unix.Close(usernsFD)
 	var j jailFiles
 	defer j.close()
 	if err := j.systemFiles(d.accel == AccelKVM); err != nil {
 		return runtime.Process{}, fmt.Errorf("qemu jail: %w", err)
 	}
-	root, mounts, err := j.exports(spec, usernsFD)
+	root, mounts, err := j.exports(spec, usernsFD, hostID)
 	if err != nil {
 		return runtime.Process{}, fmt.Errorf("qemu jail: %w", err)
 	}
@@ -455,34 +535,19 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir 
 	args = append(args,
 		"-chardev", "socket,id=qmp,server=on,wait=off,fd="+strconv.Itoa(qmpFD),
 		"-mon", "chardev=qmp,mode=control",
-		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
+		"-sandbox", qemuSandbox,
 	)
-	cfg, err := json.Marshal(jailConfig{Mounts: j.mounts, Symlinks: j.symlinks, Argv: append([]string{d.cfg.QEMU}, args...)})
-	if err != nil {
-		return runtime.Process{}, err
-	}
-	cfgR, cfgW, err := os.Pipe()
-	if err != nil {
-		return runtime.Process{}, err
-	}
-	defer cfgR.Close()
-	defer cfgW.Close()
 	logf, err := os.OpenFile(filepath.Join(dir, qemuLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return runtime.Process{}, fmt.Errorf("qemu log: %w", err)
 	}
 	defer logf.Close()
 	cmd := exec.Command(d.cfg.Jail, JailArg)
-	cmd.Env = []string{}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.ExtraFiles = append([]*os.File{cfgR}, j.files...)
-	cmd.SysProcAttr = jailAttr(d.accel == AccelKVM)
-	err = cmd.Start()
-	// QEMU holds them now: a QEMU that dies closes the QMP socket, and
-	// the wait below sees it.
-	j.close()
-	if err != nil {
-		return runtime.Process{}, fmt.Errorf("start qemu jail: %w", err)
+	// Once started, QEMU holds the fds: a QEMU that dies closes the QMP
+	// socket, and the wait below sees it.
+	if err := startJail(cmd, hostID, d.accel == AccelKVM, &j, append([]string{d.cfg.QEMU}, args...)); err != nil {
+		return runtime.Process{}, err
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
@@ -491,11 +556,6 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir 
 		cmd.Process.Kill()
 		return runtime.Process{}, err
 	}
-	if _, err := cfgW.Write(cfg); err != nil {
-		proc.Kill(context.WithoutCancel(ctx))
-		return runtime.Process{}, fmt.Errorf("send jail config: %w", err)
-	}
-	cfgW.Close()
 	// QMP answers from QEMU's main loop, which runs once the machine is
 	// built: the kernel and initramfs are in guest memory by then.
 	ctx, cancel := context.WithTimeout(ctx, qemuReadyTimeout)
@@ -516,13 +576,46 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir 
 	}
 }
 
+// qemuSandbox is QEMU's -sandbox option: its seccomp filter.
+const qemuSandbox = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+
+// startJail starts cmd (the jail binary with JailArg, its output set) as
+// QEMU's jail with j's fds and sends it argv, QEMU's command. The fds are
+// closed here: QEMU holds them once it runs. On error, nothing runs.
+func startJail(cmd *exec.Cmd, hostID int, kvm bool, j *jailFiles, argv []string) error {
+	defer j.close()
+	cfg, err := json.Marshal(jailConfig{Mounts: j.mounts, Symlinks: j.symlinks, Argv: argv})
+	if err != nil {
+		return err
+	}
+	cfgR, cfgW, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer cfgR.Close()
+	defer cfgW.Close()
+	cmd.Env = []string{}
+	cmd.ExtraFiles = append([]*os.File{cfgR}, j.files...)
+	cmd.SysProcAttr = jailAttr(hostID, kvm)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start qemu jail: %w", err)
+	}
+	cfgR.Close()
+	if _, err := cfgW.Write(cfg); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return fmt.Errorf("send jail config: %w", err)
+	}
+	return nil
+}
+
 // jailAttr starts the jail as root of a new user namespace with the
-// sandbox id mapping (host HostIDBase.., no supplementary groups) in new
-// mount, pid, IPC, UTS, cgroup and network namespaces. On KVM, the
-// group of /dev/kvm is mapped too (to an id past the sandbox's range) and
-// kept as QEMU's one supplementary group, so it may open the device.
-func jailAttr(kvm bool) *syscall.SysProcAttr {
-	gids := userns.IDMap()
+// sandbox id mapping at hostID (no supplementary groups) in new mount,
+// pid, IPC, UTS, cgroup and network namespaces. On KVM, the group of
+// /dev/kvm is mapped too (to an id past the sandbox's range) and kept as
+// QEMU's one supplementary group, so it may open the device.
+func jailAttr(hostID int, kvm bool) *syscall.SysProcAttr {
+	gids := userns.IDMap(hostID)
 	cred := &syscall.Credential{Uid: 0, Gid: 0}
 	if fi, err := os.Stat("/dev/kvm"); err == nil && kvm {
 		if g := fi.Sys().(*syscall.Stat_t).Gid; g != 0 && fi.Mode().Perm()&0o060 == 0o060 {
@@ -534,30 +627,13 @@ func jailAttr(kvm bool) *syscall.SysProcAttr {
 		Setsid: true,
 		Cloneflags: syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC |
 			syscall.CLONE_NEWUTS | syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWNET,
-		UidMappings: userns.IDMap(),
+		UidMappings: userns.IDMap(hostID),
 		GidMappings: gids,
 		// setgroups must be allowed to clear the daemon's groups (root's
 		// among them): they would stay otherwise.
 		GidMappingsEnableSetgroups: true,
 		Credential:                 cred,
 	}
-}
-
-// userns returns the cached namespace the 9p exports are idmapped with,
-// creating it on first use (its holder process is the jail binary, which
-// blocks on its config pipe).
-func (d *Driver) userns() (int, error) {
-	d.usernsMu.Lock()
-	defer d.usernsMu.Unlock()
-	if d.usernsFD >= 0 {
-		return d.usernsFD, nil
-	}
-	fd, err := userns.New([]string{d.cfg.Jail, JailArg})
-	if err != nil {
-		return -1, fmt.Errorf("idmapping user namespace: %w", err)
-	}
-	d.usernsFD = fd
-	return fd, nil
 }
 
 // listenQMP binds and listens on the QMP socket in dir, for QEMU to
@@ -701,14 +777,16 @@ func (d *Driver) PID(ctx context.Context, id string) (int, error) {
 }
 
 // Stop implements runtime.Driver: it kills QEMU (the guest and everything
-// in it go with it), undoes the tap redirect and removes the state.
-// Idempotent.
+// in it go with it), undoes the tap redirect, frees QEMU's id slot and
+// removes the state. Idempotent.
 func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err := validID(id); err != nil {
 		return err
 	}
 	if _, err := os.Stat(d.dir(id)); errors.Is(err, os.ErrNotExist) {
-		return nil // never launched here (every Start clears first)
+		// Never launched here (every Start clears first), or stopped
+		// after its slot was taken.
+		return releaseSlots(d.cfg.StateDir, id)
 	}
 	st, ok, err := d.readState(id)
 	if err != nil {
@@ -733,6 +811,9 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	}
 	if err := os.RemoveAll(d.dir(id)); err != nil {
 		return fmt.Errorf("stop sandbox %s: remove state: %w", id, err)
+	}
+	if err := releaseSlots(d.cfg.StateDir, id); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
 	}
 	return nil
 }

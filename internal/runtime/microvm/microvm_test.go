@@ -1,6 +1,7 @@
 package microvm
 
 import (
+	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/drivertest"
@@ -58,7 +60,7 @@ func testAccel(kernel, agent string) string {
 		accel = AccelTCG
 		if dir, err := os.MkdirTemp("", "cubicle-vmprobe-"); err == nil {
 			defer os.RemoveAll(dir)
-			accel = ProbeAccel(context.Background(), Config{QEMU: "qemu-system-x86_64", Kernel: kernel, StateDir: dir, Agent: agent})
+			accel = ProbeAccel(context.Background(), Config{Kernel: kernel, StateDir: dir, Agent: agent})
 		}
 	})
 	return accel
@@ -147,8 +149,8 @@ func TestStopFindsAnUnrecordedVM(t *testing.T) {
 }
 
 // TestQEMUIsNoOneOnTheHost: QEMU — what code that broke out of the guest
-// kernel would run as — is no one on the host: a uid and gid of the
-// sandbox range with no supplementary group, only 9p's capabilities and
+// kernel would run as — is no one on the host: the uid and gid of its id
+// slot's range with no supplementary group, only 9p's capabilities and
 // those in a user namespace of its own (none in the host's), other mount,
 // pid and network namespaces, a root holding its jail only and a /proc
 // showing its own process alone. Yet what the guest's root writes lands in the
@@ -162,23 +164,16 @@ func TestQEMUIsNoOneOnTheHost(t *testing.T) {
 		t.Fatalf("PID = %d, %v", pid, err)
 	}
 	proc := "/proc/" + strconv.Itoa(pid)
-	b, err := os.ReadFile(proc + "/status")
+	status, err := procStatus(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	status := map[string]string{}
-	for _, l := range strings.Split(string(b), "\n") {
-		if k, v, ok := strings.Cut(l, ":"); ok {
-			status[k] = strings.TrimSpace(v)
-		}
+	st, _, err := d.readState(s.Spec.ID)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, k := range []string{"Uid", "Gid"} {
-		for _, id := range strings.Fields(status[k]) {
-			if id != strconv.Itoa(userns.HostIDBase) {
-				t.Errorf("QEMU's %s: %q, want %d (real, effective, saved, fs)", k, status[k], userns.HostIDBase)
-				break
-			}
-		}
+	if uid := qemuUID(t, status); uid != slotHostID(st.Slot) {
+		t.Errorf("QEMU's uid %d, want %d (slot %d's)", uid, slotHostID(st.Slot), st.Slot)
 	}
 	if status["Groups"] != "" {
 		t.Errorf("QEMU's supplementary groups: %q, want none", status["Groups"])
@@ -255,5 +250,143 @@ func TestQEMUIsNoOneOnTheHost(t *testing.T) {
 		if p == "by-user" && fi.Mode()&os.ModeSetuid == 0 {
 			t.Errorf("%s lost its setuid bit (mode %v)", p, fi.Mode())
 		}
+	}
+}
+
+// procStatus is /proc/<pid>/status as a map.
+func procStatus(pid int) (map[string]string, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return nil, err
+	}
+	status := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(l, ":"); ok {
+			status[k] = strings.TrimSpace(v)
+		}
+	}
+	return status, nil
+}
+
+// qemuUID is the one uid of a QEMU's status: its real, effective, saved
+// and fs uids and gids must all be it, an unprivileged id of a slot range.
+func qemuUID(t *testing.T, status map[string]string) int {
+	t.Helper()
+	ids := append(strings.Fields(status["Uid"]), strings.Fields(status["Gid"])...)
+	if len(ids) != 8 {
+		t.Fatalf("QEMU's Uid %q, Gid %q", status["Uid"], status["Gid"])
+	}
+	for _, id := range ids[1:] {
+		if id != ids[0] {
+			t.Fatalf("QEMU's Uid %q, Gid %q: want one id (real, effective, saved, fs)", status["Uid"], status["Gid"])
+		}
+	}
+	uid, err := strconv.Atoi(ids[0])
+	if err != nil || uid < slotIDBase || (uid-slotIDBase)%userns.IDMapSize != 0 {
+		t.Fatalf("QEMU's uid %s: want root of a slot range (%d + n*%d)", ids[0], slotIDBase, userns.IDMapSize)
+	}
+	return uid
+}
+
+// TestQEMUsAreDifferentUsers: two VMs' QEMUs are different host users; a
+// stopped VM's slot is taken again; a driver restarted on the state dir
+// (the daemon after kill -9) finds the running VM with its slot kept and
+// gives a new VM another.
+func TestQEMUsAreDifferentUsers(t *testing.T) {
+	env := drivertest.NewEnv(t)
+	d := newTestDriver(t, env.Agent)
+	ctx := context.Background()
+	uidOf := func(d *Driver, id string) int {
+		t.Helper()
+		pid, err := d.PID(ctx, id)
+		if err != nil || pid == 0 {
+			t.Fatalf("PID of %s = %d, %v", id, pid, err)
+		}
+		status, err := procStatus(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return qemuUID(t, status)
+	}
+	a := env.Start(t, d, runtime.Limits{MemBytes: 256 << 20}, nil)
+	b := env.Start(t, d, runtime.Limits{MemBytes: 256 << 20}, nil)
+	uidA, uidB := uidOf(d, a.Spec.ID), uidOf(d, b.Spec.ID)
+	if uidA == uidB {
+		t.Fatalf("both QEMUs run as host uid %d", uidA)
+	}
+	if err := d.Stop(ctx, a.Spec.ID); err != nil {
+		t.Fatal(err)
+	}
+	c := env.Start(t, d, runtime.Limits{MemBytes: 256 << 20}, nil)
+	if uid := uidOf(d, c.Spec.ID); uid != uidA {
+		t.Errorf("QEMU started after Stop runs as %d, want the stopped one's %d (its slot freed)", uid, uidA)
+	}
+
+	restarted := newTestDriver(t, env.Agent)
+	if uid := uidOf(restarted, b.Spec.ID); uid != uidB {
+		t.Errorf("after a restart, QEMU of %s runs as %d, want %d", b.Spec.ID, uid, uidB)
+	}
+	st, ok, err := restarted.readState(b.Spec.ID)
+	if err != nil || !ok || slotHostID(st.Slot) != uidB {
+		t.Errorf("after a restart, state of %s: slot %d (%v, %v), want uid %d's", b.Spec.ID, st.Slot, ok, err, uidB)
+	}
+	e := env.Start(t, restarted, runtime.Limits{MemBytes: 256 << 20}, nil)
+	if uid := uidOf(restarted, e.Spec.ID); uid == uidB || uid == uidA {
+		t.Errorf("QEMU started after a restart runs as %d, a running one's uid", uid)
+	}
+}
+
+// TestProbeIsJailed: the accelerator probe's QEMU runs as a sandbox's
+// does — an unprivileged uid of a slot of its own, in its own user, mount
+// and pid namespaces — still boots the guest (here under TCG, which needs
+// no /dev/kvm), and gives its slot back.
+func TestProbeIsJailed(t *testing.T) {
+	env := drivertest.NewEnv(t)
+	cfg, err := Config{Kernel: testKernel(t), StateDir: t.TempDir(), Agent: env.Agent}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	booted := make(chan bool, 1)
+	go func() { booted <- bootsUnder(context.Background(), cfg, AccelTCG, 2*time.Minute) }()
+	mark := []byte("\x00guest=" + filepath.Join(cfg.StateDir, "probe-"))
+	var seen map[string]string
+	var seenPID int
+	for seen == nil {
+		select {
+		case ok := <-booted:
+			t.Fatalf("probe done (booted %v) before its QEMU was seen", ok)
+		case <-time.After(10 * time.Millisecond):
+		}
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			if err != nil || !bytes.HasPrefix(b, []byte(cfg.QEMU+"\x00")) || !bytes.Contains(b, mark) {
+				continue
+			}
+			if status, err := procStatus(pid); err == nil {
+				seen, seenPID = status, pid
+				for _, ns := range []string{"user", "mnt", "pid"} {
+					own, err1 := os.Readlink("/proc/" + e.Name() + "/ns/" + ns)
+					host, err2 := os.Readlink("/proc/self/ns/" + ns)
+					if err1 != nil || err2 != nil || own == host {
+						t.Errorf("probe QEMU's %s namespace %q, the host's %q (%v, %v): want its own", ns, own, host, err1, err2)
+					}
+				}
+				break
+			}
+		}
+	}
+	if uid := qemuUID(t, seen); seen["Groups"] != "" {
+		t.Errorf("probe QEMU %d (uid %d): supplementary groups %q, want none", seenPID, uid, seen["Groups"])
+	}
+	if !<-booted {
+		t.Fatal("the jailed probe did not boot the guest under TCG")
+	}
+	if ents, err := os.ReadDir(filepath.Join(cfg.StateDir, slotsDir)); err != nil || len(ents) != 0 {
+		t.Fatalf("slots after the probe: %v, %v: want it freed", ents, err)
 	}
 }

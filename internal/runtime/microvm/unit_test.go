@@ -3,16 +3,20 @@ package microvm
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"sync"
 	"testing"
 
 	"github.com/cavaliergopher/cpio"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/microvm/guest"
+	"github.com/cubicle-dev/cubicle/internal/runtime/userns"
 )
 
 // TestInitrd: the initramfs holds the agent as an executable /init and the
@@ -117,5 +121,61 @@ func TestProbeAnswerKept(t *testing.T) {
 	}
 	if got := probeAccel(context.Background(), cfg); got != AccelTCG {
 		t.Fatalf("fresh answer not kept: %q", got)
+	}
+}
+
+// TestSlots: concurrent allocations get distinct slots, the lowest free
+// ones; a released slot is taken again; slots live in the state dir, so a
+// restarted daemon sees them taken; releasing frees the owner's only.
+func TestSlots(t *testing.T) {
+	dir := t.TempDir()
+	const n = 32
+	got := make([]int, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = allocSlot(dir, fmt.Sprintf("owner%d", i))
+		}()
+	}
+	wg.Wait()
+	seen := map[int]bool{}
+	for i, s := range got {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		if seen[s] || s < 0 || s >= n {
+			t.Fatalf("slots %v: want each of 0..%d once", got, n-1)
+		}
+		seen[s] = true
+	}
+	if err := releaseSlots(dir, "owner5"); err != nil {
+		t.Fatal(err)
+	}
+	if err := releaseSlots(dir, "nobody"); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing in memory: what a restarted daemon calls sees the same.
+	if s, err := allocSlot(dir, "again"); err != nil || s != got[5] {
+		t.Fatalf("after releasing slot %d: allocSlot = %d, %v", got[5], s, err)
+	}
+	if s, err := allocSlot(dir, "next"); err != nil || s != n {
+		t.Fatalf("allocSlot with 0..%d taken = %d, %v", n-1, s, err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, slotsDir, strconv.Itoa(got[7])))
+	if err != nil || string(b) != "owner7" {
+		t.Fatalf("slot %d holds %q, %v: want its owner", got[7], b, err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(dir, slotsDir))
+	if len(ents) != n+1 {
+		t.Fatalf("%d files in the slots dir, want %d (no temporary files left)", len(ents), n+1)
+	}
+	if ids, err := (&Driver{cfg: Config{StateDir: dir}}).List(context.Background()); err != nil || len(ids) != 0 {
+		t.Fatalf("List = %v, %v: the slots dir is no sandbox", ids, err)
+	}
+	if a, b := slotHostID(0), slotHostID(maxSlots-1)+userns.IDMapSize-1; a <= userns.HostIDBase+userns.IDMapSize || b >= 1<<31 {
+		t.Fatalf("slot ranges %d..%d: want above the namespace runtime's and below 2^31", a, b)
 	}
 }

@@ -129,7 +129,7 @@ func (d *Driver) userns() (int, error) {
 	if d.usernsFD >= 0 {
 		return d.usernsFD, nil
 	}
-	fd, err := userns.New([]string{d.initPath, InitArg})
+	fd, err := userns.New([]string{d.initPath, InitArg}, userns.HostIDBase)
 	if err != nil {
 		return -1, err
 	}

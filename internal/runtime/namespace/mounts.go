@@ -49,7 +49,7 @@ var hostDevices = [...]string{"null", "zero", "full", "random", "urandom", "tty"
 // host's disk.
 func (d *Driver) hostMounts(spec runtime.Spec, usernsFD int) (*detachedMounts, error) {
 	m := &detachedMounts{}
-	root, err := userns.IdmappedRoot(spec.RootFS, usernsFD)
+	root, err := userns.IdmappedRoot(spec.RootFS, usernsFD, userns.HostIDBase)
 	if err != nil {
 		return m, fmt.Errorf("rootfs: %w", err)
 	}

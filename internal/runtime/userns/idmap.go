@@ -16,7 +16,7 @@ import (
 // Overlayfs cannot itself be idmapped (it lacks FS_ALLOW_IDMAP: mount_setattr
 // returns EINVAL), and a bind of it is the same superblock. So IdmappedRoot
 // builds the sandbox's own overlay over the same layers, with every layer
-// idmapped (on-disk 0 ↔ host HostIDBase, the sandbox's root), mounted with the
+// idmapped (on-disk 0 ↔ the sandbox's root on the host), mounted with the
 // mounter's fsuid set to the sandbox root so that overlayfs's own work-dir and
 // copy-up operations also map. The result: image files owned by 0 appear owned
 // by root inside, and files created inside land in the upper dir owned by 0,
@@ -36,8 +36,9 @@ type overlayLayers struct {
 }
 
 // IdmappedRoot returns a detached mount (an fd for move_mount) of rootfs in
-// which ids are shifted by the user namespace usernsFD.
-func IdmappedRoot(rootfs string, usernsFD int) (int, error) {
+// which ids are shifted by the user namespace usernsFD, whose root is host
+// id hostRoot.
+func IdmappedRoot(rootfs string, usernsFD, hostRoot int) (int, error) {
 	layers, isOverlay, err := findOverlay(rootfs)
 	if err != nil {
 		return -1, err
@@ -45,7 +46,7 @@ func IdmappedRoot(rootfs string, usernsFD int) (int, error) {
 	if !isOverlay {
 		return IdmapTree(rootfs, usernsFD)
 	}
-	return idmappedOverlay(layers, usernsFD)
+	return idmappedOverlay(layers, usernsFD, hostRoot)
 }
 
 // IdmapTree clones the mount at path and idmaps the clone.
@@ -64,7 +65,7 @@ func IdmapTree(path string, usernsFD int) (int, error) {
 
 // idmappedOverlay mounts a new overlay over idmapped layers and returns its
 // detached mount fd.
-func idmappedOverlay(l overlayLayers, usernsFD int) (int, error) {
+func idmappedOverlay(l overlayLayers, usernsFD, hostRoot int) (int, error) {
 	var fds []int
 	defer func() {
 		for _, fd := range fds {
@@ -112,7 +113,7 @@ func idmappedOverlay(l overlayLayers, usernsFD int) (int, error) {
 	ch := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		fd, err := mountOverlayAs(lowers, upper, work, HostIDBase)
+		fd, err := mountOverlayAs(lowers, upper, work, hostRoot)
 		ch <- result{fd, err}
 	}()
 	r := <-ch
@@ -282,10 +283,10 @@ func unescapeMountinfo(s string) string {
 }
 
 // New starts argv (a command that blocks reading fd 3 until EOF, and is
-// killed here) in a fresh user namespace with the sandbox id mapping and
-// returns an fd of that namespace. Idmapped mounts take their mapping from
-// it; the namespace outlives the process.
-func New(argv []string) (int, error) {
+// killed here) in a fresh user namespace with the sandbox id mapping at
+// base (see IDMap) and returns an fd of that namespace. Idmapped mounts
+// take their mapping from it; the namespace outlives the process.
+func New(argv []string, base int) (int, error) {
 	r, w, err := os.Pipe()
 	if err != nil {
 		return -1, err
@@ -301,8 +302,8 @@ func New(argv []string) (int, error) {
 		Files: []uintptr{null.Fd(), null.Fd(), null.Fd(), r.Fd()},
 		Sys: &syscall.SysProcAttr{
 			Cloneflags:  unix.CLONE_NEWUSER,
-			UidMappings: IDMap(),
-			GidMappings: IDMap(),
+			UidMappings: IDMap(base),
+			GidMappings: IDMap(base),
 			Pdeathsig:   syscall.SIGKILL,
 		},
 	}

@@ -4,7 +4,8 @@
 // with, idmapped detached mounts of the rootfs and bind sources, and fresh
 // detached filesystems attached from inside.
 //
-// Ids: root of such a namespace is host uid/gid HostIDBase, and a file that
+// Ids: root of such a namespace is a host uid/gid base (HostIDBase for the
+// namespace driver, a range per VM for the microvm driver), and a file that
 // process creates through a mount idmapped with the mapping lands on disk
 // owned by 0, exactly as if host root had written it: the upper dir reads
 // the same to captures, diffs and every runtime.
@@ -13,15 +14,16 @@ package userns
 import "syscall"
 
 const (
-	// HostIDBase is the host uid/gid that root inside every such namespace
-	// maps to. All of them share one range; they are kept apart by mount
-	// and pid namespaces, not by ids.
+	// HostIDBase is the host uid/gid that root inside every namespace
+	// sandbox maps to. All of them share one range; they are kept apart by
+	// mount and pid namespaces, not by ids.
 	HostIDBase = 1_000_000
 	// IDMapSize is the number of ids mapped (0..65535 inside).
 	IDMapSize = 65536
 )
 
-// IDMap is the sandbox id mapping: 0..IDMapSize-1 inside to HostIDBase..
-func IDMap() []syscall.SysProcIDMap {
-	return []syscall.SysProcIDMap{{ContainerID: 0, HostID: HostIDBase, Size: IDMapSize}}
+// IDMap is a sandbox id mapping: 0..IDMapSize-1 inside to base.. on the
+// host.
+func IDMap(base int) []syscall.SysProcIDMap {
+	return []syscall.SysProcIDMap{{ContainerID: 0, HostID: base, Size: IDMapSize}}
 }
