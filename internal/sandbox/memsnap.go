@@ -13,6 +13,7 @@ import (
 	"github.com/cubicle-dev/cubicle/internal/fault"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
+	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
 // Memory snapshots (include_memory / checkpoint on a capture or fork).
@@ -48,7 +49,36 @@ import (
 const (
 	memoryImageDir = "image"
 	tokenFile      = "agent-token"
+	// runtimeFile names the runtime that wrote a memory snapshot's image:
+	// only that one can restore it, and a create from the snapshot that
+	// names no runtime runs on it (imageRuntime). Images from before it
+	// was written have none (gvisor was the only runtime that made them).
+	runtimeFile = "runtime"
 )
+
+// imageRuntime is the runtime recorded in memory dir dir, "" if none.
+func imageRuntime(dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, runtimeFile))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// imageRuntimeFor is, for a create req from sn that names no runtime and
+// would restore sn's memory image (restore_memory not false), the runtime
+// that wrote that image when this daemon serves it: the branch resumes
+// there rather than booting cold on the default.
+func (m *Manager) imageRuntimeFor(req protocol.CreateSandboxRequest, sn *store.Snapshot) (runtime.Driver, bool) {
+	if req.Runtime != "" || req.RestoreMemory != nil && !*req.RestoreMemory || sn.SourceSandboxID == "" {
+		return nil, false
+	}
+	name := imageRuntime(m.cfg.Storage.MemoryDir(sn.ID))
+	if name == "" {
+		return nil, false
+	}
+	return m.rt.get(name)
+}
 
 // memoryImage returns the memory dir of snapshot sn (its image and
 // tokenFile) and true when sn has a complete image that runtime d can
@@ -138,7 +168,11 @@ func (m *Manager) checkpointAndCapture(ctx context.Context, sb *store.Sandbox, s
 		}
 		return fail(fmt.Errorf("checkpoint sandbox %s: %w", sb.Name, err))
 	}
-	if err := os.WriteFile(filepath.Join(dir, tokenFile), []byte(sb.Token), 0o600); err != nil {
+	err = os.WriteFile(filepath.Join(dir, runtimeFile), []byte(d.Name()), 0o600)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, tokenFile), []byte(sb.Token), 0o600)
+	}
+	if err != nil {
 		m.cfg.Storage.RemoveCapture(context.WithoutCancel(ctx), snap)
 		return fail(fmt.Errorf("record memory snapshot: %w", err))
 	}

@@ -82,6 +82,9 @@ func completeMemory(d runtime.Driver, dir string) bool {
 	if _, ok := d.(runtime.Checkpointer); !ok {
 		return false
 	}
+	if r := imageRuntime(dir); r != "" && r != d.Name() {
+		return false
+	}
 	_, err := os.Stat(filepath.Join(dir, tokenFile))
 	return err == nil
 }

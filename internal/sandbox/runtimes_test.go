@@ -223,3 +223,48 @@ func TestReadoptPerRuntime(t *testing.T) {
 		t.Fatalf("the default runs %d instances; the unserved runtime's sandbox moved to it", e.driver.Instances())
 	}
 }
+
+// TestMemorySnapshotRestoresOnItsRuntime: on a daemon whose default
+// runtime cannot checkpoint, a memory snapshot captured on the one that can
+// records it, and a create from it that names no runtime runs there and
+// is restored; one naming the default boots cold (the image is not its).
+func TestMemorySnapshotRestoresOnItsRuntime(t *testing.T) {
+	second, err := sandboxtest.NewDriver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.RuntimeName = "second"
+	e := newEnv(t, func(c *Config) {
+		second.AgentPort = c.AgentPort
+		// The default "second" cannot checkpoint; "fake" (the usual one) can.
+		c.Drivers = []runtime.Driver{uncheckpointed{second, second, second, second}, c.Drivers[0]}
+		t.Cleanup(func() {
+			ids, _ := second.List(context.Background())
+			for _, id := range ids {
+				second.Stop(context.Background(), id)
+			}
+		})
+	})
+	ctx := as(member)
+	e.createOn(t, "src", "fake")
+	v, err := e.m.CaptureSnapshot(ctx, "src", protocol.CaptureSnapshotRequest{Name: "mem", IncludeMemory: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := imageRuntime(e.m.cfg.Storage.MemoryDir(v.Snapshot.ID)); got != "fake" {
+		t.Fatalf("memory image records runtime %q, want fake", got)
+	}
+	b, err := e.m.CreateSandbox(ctx, protocol.CreateSandboxRequest{Name: "branch", SnapshotID: v.Snapshot.ID})
+	if err != nil || b.Runtime != "fake" {
+		t.Fatalf("create from the memory snapshot naming no runtime: %+v, %v; want it on fake", b, err)
+	}
+	e.requireRestored(t, b.ID, true)
+	cold, err := e.m.CreateSandbox(ctx, protocol.CreateSandboxRequest{Name: "cold", SnapshotID: v.Snapshot.ID, Runtime: "second"})
+	if err != nil || cold.Runtime != "second" || second.Restored(runtimeID(cold.ID)) {
+		t.Fatalf("create on the default from another runtime's image: %+v, %v; want a cold boot on second", cold, err)
+	}
+	_, err = e.m.CreateSandbox(ctx, protocol.CreateSandboxRequest{Name: "must", SnapshotID: v.Snapshot.ID, Runtime: "second", RestoreMemory: ptr(true)})
+	if !errors.Is(err, errdefs.ErrConflict) {
+		t.Fatalf("restore_memory: true on a runtime the image is not of: %v, want a conflict", err)
+	}
+}

@@ -53,6 +53,14 @@ func (m *Manager) CreateSandbox(ctx context.Context, req protocol.CreateSandboxR
 	return m.bootNew(ctx, sb, sn, req, admitted)
 }
 
+// checkRuntimeFor refuses what of req runtime d cannot do.
+func checkRuntimeFor(d runtime.Driver, req protocol.CreateSandboxRequest) error {
+	if err := checkPreserveMemory(d, req.PreserveMemoryOnStop); err != nil {
+		return err
+	}
+	return checkDocker(d, req.Docker)
+}
+
 // newSandbox validates req and returns the provisioning record it would
 // create, not yet stored, and the snapshot it boots from.
 func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequest) (*store.Sandbox, *store.Snapshot, error) {
@@ -75,15 +83,18 @@ func (m *Manager) newSandbox(ctx context.Context, req protocol.CreateSandboxRequ
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := checkPreserveMemory(d, req.PreserveMemoryOnStop); err != nil {
-		return nil, nil, err
-	}
-	if err := checkDocker(d, req.Docker); err != nil {
+	if err := checkRuntimeFor(d, req); err != nil {
 		return nil, nil, err
 	}
 	sn, err := m.resolveSnapshot(ctx, p.WorkspaceID, req)
 	if err != nil {
 		return nil, nil, err
+	}
+	if img, ok := m.imageRuntimeFor(req, sn); ok && img != d {
+		if err := checkRuntimeFor(img, req); err != nil {
+			return nil, nil, err
+		}
+		d = img
 	}
 	mem, err := m.snapshotMemory(d, sn, req.RestoreMemory)
 	if err != nil {

@@ -821,7 +821,18 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 // unrecorded finds a QEMU running for id by its command line (its -name is
 // id's state dir).
 func (d *Driver) unrecorded(id string) (runtime.Process, bool) {
-	mark := []byte("\x00guest=" + d.dir(id) + "\x00")
+	for _, pid := range qemusWith(d.cfg.QEMU, []byte("\x00guest="+d.dir(id)+"\x00")) {
+		if p, err := runtime.ProcessOf(pid); err == nil {
+			return p, true
+		}
+	}
+	return runtime.Process{}, false
+}
+
+// qemusWith lists the host processes running the QEMU binary qemu whose
+// command line contains mark.
+func qemusWith(qemu string, mark []byte) []int {
+	var pids []int
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -829,14 +840,11 @@ func (d *Driver) unrecorded(id string) (runtime.Process, bool) {
 			continue
 		}
 		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !bytes.Contains(b, mark) || !bytes.HasPrefix(b, []byte(d.cfg.QEMU+"\x00")) {
-			continue
-		}
-		if p, err := runtime.ProcessOf(pid); err == nil {
-			return p, true
+		if err == nil && bytes.Contains(b, mark) && bytes.HasPrefix(b, []byte(qemu+"\x00")) {
+			pids = append(pids, pid)
 		}
 	}
-	return runtime.Process{}, false
+	return pids
 }
 
 // List implements runtime.Lister.

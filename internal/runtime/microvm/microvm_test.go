@@ -1,7 +1,6 @@
 package microvm
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"path/filepath"
@@ -357,20 +356,11 @@ func TestProbeIsJailed(t *testing.T) {
 			t.Fatalf("probe done (booted %v) before its QEMU was seen", ok)
 		case <-time.After(10 * time.Millisecond):
 		}
-		ents, _ := os.ReadDir("/proc")
-		for _, e := range ents {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-			if err != nil || !bytes.HasPrefix(b, []byte(cfg.QEMU+"\x00")) || !bytes.Contains(b, mark) {
-				continue
-			}
+		for _, pid := range qemusWith(cfg.QEMU, mark) {
 			if status, err := procStatus(pid); err == nil {
 				seen, seenPID = status, pid
 				for _, ns := range []string{"user", "mnt", "pid"} {
-					own, err1 := os.Readlink("/proc/" + e.Name() + "/ns/" + ns)
+					own, err1 := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/" + ns)
 					host, err2 := os.Readlink("/proc/self/ns/" + ns)
 					if err1 != nil || err2 != nil || own == host {
 						t.Errorf("probe QEMU's %s namespace %q, the host's %q (%v, %v): want its own", ns, own, host, err1, err2)
