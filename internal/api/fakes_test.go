@@ -385,8 +385,6 @@ func (f *fakeSandboxes) ListStats(ctx context.Context) ([]protocol.SandboxStats,
 	}
 	return out, nil
 }
-func (f *fakeSandboxes) Runtime() string      { return "fake-runtime" }
-func (f *fakeSandboxes) RuntimeAccel() string { return "" }
 func (f *fakeSandboxes) Runtimes() []protocol.ServedRuntime {
 	return []protocol.ServedRuntime{{Name: "fake-runtime"}}
 }

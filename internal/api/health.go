@@ -27,8 +27,9 @@ func WithHealth(checker *health.Checker, space func() (protocol.StoreSpace, erro
 // healthz answers 200 when sandboxes can be created (ok or degraded) and
 // 503 when they cannot. It needs no key: load balancers probe it.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	b := protocol.Health{OK: true, Status: health.StatusOK, Runtime: s.mgr.Runtime(), Accelerator: s.mgr.RuntimeAccel(),
-		Runtimes: s.mgr.Runtimes(), Storage: s.mgr.StorageBackend()}
+	served := s.mgr.Runtimes()
+	b := protocol.Health{OK: true, Status: health.StatusOK, Runtime: served[0].Name, Accelerator: served[0].Accelerator,
+		Runtimes: served, Storage: s.mgr.StorageBackend()}
 	if s.health != nil {
 		rep := s.health.Run(r.Context())
 		b.Status, b.Checks, b.Reasons, b.OK = rep.Status, rep.Checks, rep.Reasons(), rep.OK()

@@ -63,8 +63,7 @@ type Sandboxes interface {
 	Leftovers(ctx context.Context) ([]protocol.Leftover, error)
 	CleanLeftovers(ctx context.Context) ([]protocol.Leftover, error)
 
-	Runtime() string
-	RuntimeAccel() string
+	// Runtimes lists the runtimes served, the default first.
 	Runtimes() []protocol.ServedRuntime
 	StorageBackend() string
 }

@@ -98,9 +98,8 @@ func (m *Manager) Fork(ctx context.Context, name string, req protocol.ForkReques
 		// Every policy of the parent carries over: its runtime, limits
 		// and TTLs here, its run_config layer, its volumes (the same
 		// volumes, shared, not copies: a capture holds none of their
-		// data), and its
-		// proxy_config (egress and rules) inherited from the capture
-		// (v.ProxyConfig).
+		// data), and its proxy_config (egress and rules) inherited from
+		// the capture (v.ProxyConfig).
 		reqs[i] = protocol.CreateSandboxRequest{
 			WaitForReady: &wait, Timeout: &timeout, SnapshotID: v.ID, Name: bname,
 			IdleTTLSeconds: &parent.IdleTTLSeconds, DeleteAfterStopSeconds: &parent.DeleteAfterStopSeconds,

@@ -89,13 +89,6 @@ func (m *Manager) servedDriver(sb *store.Sandbox) runtime.Driver {
 	return d
 }
 
-// Runtime is the name of the default runtime.
-func (m *Manager) Runtime() string { return m.rt.def().Name() }
-
-// RuntimeAccel is the default runtime's accelerator where it has one (see
-// runtime.Accelerated), else "".
-func (m *Manager) RuntimeAccel() string { return accelOf(m.rt.def()) }
-
 // Runtimes lists the runtimes served, the default first.
 func (m *Manager) Runtimes() []protocol.ServedRuntime {
 	out := make([]protocol.ServedRuntime, len(m.rt))

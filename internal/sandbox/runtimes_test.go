@@ -162,8 +162,8 @@ func TestUnknownRuntimeRefused(t *testing.T) {
 		t.Fatalf("%d records after a refused create", n)
 	}
 	got := e.m.Runtimes()
-	if len(got) != 2 || got[0].Name != "fake" || got[1].Name != "second" || e.m.Runtime() != "fake" {
-		t.Fatalf("runtimes served: %+v (default %s)", got, e.m.Runtime())
+	if len(got) != 2 || got[0].Name != "fake" || got[1].Name != "second" { // the default first
+		t.Fatalf("runtimes served: %+v", got)
 	}
 }
 

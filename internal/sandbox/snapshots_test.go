@@ -227,7 +227,7 @@ func TestCaptureForkResetDiff(t *testing.T) {
 	if err != nil || usage[parent.ID] != 1 || usage[v.ID] != 1 || len(usage) != 2 {
 		t.Fatalf("usage: %v %v", usage, err)
 	}
-	if e.m.StorageBackend() != "fake" || e.m.Runtime() != "fake" {
+	if e.m.StorageBackend() != "fake" || e.m.Runtimes()[0].Name != "fake" {
 		t.Fatal("backend and runtime names")
 	}
 

@@ -69,7 +69,8 @@ func (m *Manager) measure(ctx context.Context, sbs []*store.Sandbox, max int) []
 		metered++
 		rid := runtimeID(sb.ID)
 		rids = append(rids, rid)
-		if meter, ok := m.servedDriver(sb).(runtime.Meter); ok {
+		d, _ := m.rt.get(sb.Runtime) // nil for a runtime not served: no meter
+		if meter, ok := d.(runtime.Meter); ok {
 			if u, err := meter.Usage(ctx, rid); err == nil {
 				st.CPUSeconds, st.MemoryBytes = u.CPU.Seconds(), u.MemoryBytes
 			}

@@ -29,7 +29,9 @@ func TestConformance(t *testing.T) {
 	// The reaper enforces idle_ttl_seconds / delete_after_stop_seconds; a
 	// short interval keeps the TTL checks near their 60 s minimum.
 	t.Setenv("CUBICLE_REAP_INTERVAL", "2s")
-	daemons := map[string]*daemon{"gvisor": startDaemon(t, "gvisor", "")}
+	// The gvisor passes share one daemon; another runtime's pass starts
+	// its own, which ends with the pass.
+	shared := startDaemon(t, "gvisor", "")
 	script := filepath.Join(repoRoot(t), "test", "conformance", "conformance.mjs")
 	type pass struct {
 		name, version string
@@ -50,10 +52,9 @@ func TestConformance(t *testing.T) {
 	passes = append(passes, pass{"microvm", clientVersions[len(clientVersions)-1], true, "exec-path=websocket", false, "microvm"})
 	for _, tc := range passes {
 		t.Run(tc.version+"/"+tc.name, func(t *testing.T) {
-			d := daemons[tc.runtime]
-			if d == nil {
+			d := shared
+			if tc.runtime != "gvisor" {
 				d = startDaemon(t, tc.runtime, "")
-				daemons[tc.runtime] = d
 			}
 			dir := npmDirVersion(t, tc.version, tc.ws)
 			data, err := os.ReadFile(script)

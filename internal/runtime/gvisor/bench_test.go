@@ -243,31 +243,27 @@ func BenchmarkRootFSConfigs(b *testing.B) {
 			b.Fatalf("%s setup: %q", c.name, out)
 		}
 	}
-	in := make([][]time.Duration, len(configs))
-	var on []time.Duration
+	ms := func(t0 time.Time) float64 { return float64(time.Since(t0).Microseconds()) / 1000 }
+	in := make([][]float64, len(configs))
+	var on []float64
 	for b.Loop() {
 		for i, s := range boxes {
 			t0 := time.Now()
 			if out := strings.TrimSpace(s.sh(b, job)); out != "ok" {
 				b.Fatalf("%s untar: %q", configs[i].name, out)
 			}
-			in[i] = append(in[i], time.Since(t0))
+			in[i] = append(in[i], ms(t0))
 		}
 		t0 := time.Now()
 		if out, err := exec.Command("chroot", hostRoot, "/bin/sh", "-c", job).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "ok" {
 			b.Fatalf("host chroot: %v: %s", err, out)
 		}
-		on = append(on, time.Since(t0))
+		on = append(on, ms(t0))
 	}
-	p50 := func(ds []time.Duration) float64 {
-		ds = slices.Clone(ds)
-		slices.Sort(ds)
-		return float64(ds[len(ds)/2].Microseconds()) / 1000
-	}
-	host := p50(on)
+	host := medianOf(on)
 	b.ReportMetric(host, "host-ms")
 	for i, c := range configs {
-		v := p50(in[i])
+		v := medianOf(in[i])
 		b.ReportMetric(v, c.name+"-ms")
 		b.ReportMetric(v/host, c.name+"-ratio")
 	}
