@@ -229,7 +229,7 @@ func bareRun(tb testing.TB, layer string, netns bool) time.Duration {
 		flag = "--network=sandbox"
 	}
 	defer del()
-	bundle := bareBundle(tb, layer, ns)
+	bundle := bareBundle(tb, layer, ns, "echo hi")
 	root := filepath.Join(tb.TempDir(), "runsc")
 	defer unmountUnder(filepath.Dir(root))
 	id := make([]byte, 16)
@@ -257,14 +257,14 @@ func timer(tb testing.TB, on bool) {
 	}
 }
 
-// bareBundle writes an OCI bundle running `echo hi` on rootfs, in the
-// network namespace at netns ("" for none).
-func bareBundle(tb testing.TB, rootfs, netns string) string {
+// bareBundle writes an OCI bundle running command by /bin/sh on rootfs, in
+// the network namespace at netns ("" for none).
+func bareBundle(tb testing.TB, rootfs, netns, command string) string {
 	bundle := tb.TempDir()
 	spec := &specs.Spec{
 		Version: specs.Version,
 		Root:    &specs.Root{Path: rootfs, Readonly: true},
-		Process: &specs.Process{Args: []string{"/bin/sh", "-c", "echo hi"}, Cwd: "/", Env: []string{"PATH=/bin"}},
+		Process: &specs.Process{Args: []string{"/bin/sh", "-c", command}, Cwd: "/", Env: []string{"PATH=/bin"}},
 		Mounts:  []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}},
 		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
 			{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace}, {Type: specs.MountNamespace},

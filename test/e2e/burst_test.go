@@ -62,40 +62,7 @@ func TestBurstCreates(t *testing.T) {
 	}
 	d := startDaemonArgs(t, "gvisor", "", args...)
 	sn := readySnapshot(t, d.Client, "burst", ref)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	ready := make([]time.Duration, n)
-	first := make([]time.Duration, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			t0 := time.Now()
-			sb, err := d.Client.CreateSandbox(ctx, protocol.CreateSandboxRequest{SnapshotID: sn.ID, Name: fmt.Sprintf("burst-%d", i)})
-			if err == nil && sb.Status != protocol.StatusReady {
-				err = fmt.Errorf("status %s (%s)", sb.Status, sb.StatusMessage)
-			}
-			if err != nil {
-				errs[i] = fmt.Errorf("create burst-%d: %w", i, err)
-				return
-			}
-			ready[i] = time.Since(t0)
-			fb := &firstByte{}
-			if _, err := d.Client.Exec(ctx, sb.Name, cubicle.ExecRequest{Command: "echo hi", Shell: "/bin/sh", Stdout: fb}); err != nil {
-				errs[i] = fmt.Errorf("exec in burst-%d: %w", i, err)
-				return
-			}
-			first[i] = fb.at.Sub(t0)
-		}()
-	}
-	t0 := time.Now()
-	close(start)
-	wg.Wait()
-	all := time.Since(t0)
+	all, ready, first, errs := burstCreates(d, sn.ID, n)
 	failed := 0
 	for _, err := range errs {
 		if err != nil {
@@ -116,6 +83,45 @@ func TestBurstCreates(t *testing.T) {
 	if ready[n-1] > deadline {
 		t.Fatalf("the last of %d sandboxes was ready after %v, want ≤ %v", n, ready[n-1], deadline)
 	}
+}
+
+// burstCreates creates n sandboxes of snapshot snap at once, each then
+// running `echo hi`, and returns the time until all were done, each
+// one's create→ready and create→first output (zero where it failed) and
+// its error.
+func burstCreates(d *daemon, snap string, n int) (all time.Duration, ready, first []time.Duration, errs []error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ready, first, errs = make([]time.Duration, n), make([]time.Duration, n), make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			t0 := time.Now()
+			sb, err := d.Client.CreateSandbox(ctx, protocol.CreateSandboxRequest{SnapshotID: snap, Name: fmt.Sprintf("burst-%d", i)})
+			if err == nil && sb.Status != protocol.StatusReady {
+				err = fmt.Errorf("status %s (%s)", sb.Status, sb.StatusMessage)
+			}
+			if err != nil {
+				errs[i] = fmt.Errorf("create burst-%d: %w", i, err)
+				return
+			}
+			ready[i] = time.Since(t0)
+			fb := &firstByte{}
+			if _, err := d.Client.Exec(ctx, sb.Name, cubicle.ExecRequest{Command: "echo hi", Shell: "/bin/sh", Stdout: fb}); err != nil {
+				errs[i] = fmt.Errorf("exec in burst-%d: %w", i, err)
+				return
+			}
+			first[i] = fb.at.Sub(t0)
+		}()
+	}
+	t0 := time.Now()
+	close(start)
+	wg.Wait()
+	return time.Since(t0), ready, first, errs
 }
 
 // logBootPhases logs p50 and max of each phase (boot=, rootfs=, …) over

@@ -18,20 +18,23 @@ import (
 // (WebSocket exec, streaming, PTY, reconnects) and once without (HTTP POST
 // /execute; WS-only methods must throw the client's "requires the 'ws'
 // package" error); then with the newest client over WebSocket against a
-// microvm daemon.
+// microvm daemon. The passes run in parallel with each other (and the
+// test with the package's other parallel tests, after the rest).
 //
 // The idle-TTL and delete-after-stop checks wait for the protocol's 60 s
 // unit; they run only in the first version's websocket pass and not with
 // -short. Set
 // CONFORMANCE_ONLY=<regexp> to run a subset of the checks.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	ref := testImage(t)
 	// The reaper enforces idle_ttl_seconds / delete_after_stop_seconds; a
 	// short interval keeps the TTL checks near their 60 s minimum.
-	t.Setenv("CUBICLE_REAP_INTERVAL", "2s")
-	// The gvisor passes share one daemon; another runtime's pass starts
-	// its own, which ends with the pass.
-	shared := startDaemon(t, "gvisor", "")
+	env := []string{"CUBICLE_REAP_INTERVAL=2s"}
+	// The gvisor passes share one daemon (every name a pass creates has a
+	// prefix of its own); another runtime's pass starts its own, which
+	// ends with the pass.
+	shared := startDaemonEnv(t, "gvisor", "", env)
 	script := filepath.Join(repoRoot(t), "test", "conformance", "conformance.mjs")
 	type pass struct {
 		name, version string
@@ -40,30 +43,32 @@ func TestConformance(t *testing.T) {
 		slow          bool
 		runtime       string
 	}
-	var passes []pass
+	// The whole suite once more on the microVM runtime, with the newest
+	// client over WebSocket; first, as the longest pass.
+	passes := []pass{{"microvm", clientVersions[len(clientVersions)-1], true, "exec-path=websocket", false, "microvm"}}
 	for i, v := range clientVersions {
 		// The TTL checks time the server, not the client: once is enough.
 		passes = append(passes,
 			pass{"websocket", v, true, "exec-path=websocket", !testing.Short() && i == 0, "gvisor"},
 			pass{"http", v, false, "exec-path=http", false, "gvisor"})
 	}
-	// The whole suite once more on the microVM runtime, with the newest
-	// client over WebSocket.
-	passes = append(passes, pass{"microvm", clientVersions[len(clientVersions)-1], true, "exec-path=websocket", false, "microvm"})
+	data, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range passes {
+		// Installed and written here, one pass at a time: passes of one
+		// client version share its directory, and run in parallel.
+		dir := npmDirVersion(t, tc.version, tc.ws)
+		dst := filepath.Join(dir, "conformance.mjs")
+		if err := os.WriteFile(dst, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
 		t.Run(tc.version+"/"+tc.name, func(t *testing.T) {
+			t.Parallel() // the passes wait on the server far more than they compute
 			d := shared
 			if tc.runtime != "gvisor" {
-				d = startDaemon(t, tc.runtime, "")
-			}
-			dir := npmDirVersion(t, tc.version, tc.ws)
-			data, err := os.ReadFile(script)
-			if err != nil {
-				t.Fatal(err)
-			}
-			dst := filepath.Join(dir, "conformance.mjs")
-			if err := os.WriteFile(dst, data, 0o644); err != nil {
-				t.Fatal(err)
+				d = startDaemonEnv(t, tc.runtime, "", env)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 			defer cancel()

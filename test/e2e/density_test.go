@@ -33,7 +33,7 @@ func execP50(t *testing.T, c *cubicle.Client, name string, k int) time.Duration 
 // runsc's sandbox and gofer — and their descendants (gVisor's systrap
 // stubs, which run the sandbox's code and share its memory): /proc/PID
 // dirs by sandbox id.
-func sandboxProcs(t *testing.T, ids []string) map[string][]string {
+func sandboxProcs(t testing.TB, ids []string) map[string][]string {
 	rids := map[string]string{}
 	for _, id := range ids {
 		rids[strings.ReplaceAll(id, "-", "")] = id

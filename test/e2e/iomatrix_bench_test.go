@@ -72,31 +72,13 @@ for p in $(seq 0 19); do tar czf tgz/iomatrix-$p.tgz -C src$p package; done; rm 
 // a host peer to download from.
 func BenchmarkIOMatrix(b *testing.B) {
 	d := startDaemonEnv(b, "gvisor", "", []string{"CUBICLE_DEFAULT_IMAGE=", "CUBICLE_BLUEPRINT_CACHE=" + blueprintCache()})
-	sn := waitBuiltinDefault(b, d)
-	big := func(r *protocol.CreateSandboxRequest) {
-		r.MemBytes, r.FSCapacityBytes = int64p(2<<30), int64p(8<<30)
-	}
-	inside := newSandbox(b, d.Client, sn.ID, big)
-	// Only its rootfs is used, from the host (see hostChroot).
-	host := newSandbox(b, d.Client, sn.ID, big)
-	root := mergedRootFS(b, strings.ReplaceAll(host.ID, "-", ""))
-	inputs := make([]string, len(ioWorkloads))
-	for i, w := range ioWorkloads {
-		inputs[i] = strings.TrimSpace(runLong(b, d.Client, inside.Name, asRoot(w.setup)))
-		out, _ := hostChroot(b, root, w.setup)
-		if h := strings.TrimSpace(out); h != inputs[i] {
-			b.Fatalf("%s: setups differ: %q vs %q", w.name, inputs[i], h)
-		}
-	}
+	m := newIOMatrix(b, d)
 	sb, hc := make([][]time.Duration, len(ioWorkloads)), make([][]time.Duration, len(ioWorkloads))
 	b.ResetTimer()
-	for b.Loop() { // one round: each workload in the sandbox, then on the host
-		for i, w := range ioWorkloads {
-			t0 := time.Now()
-			runLong(b, d.Client, inside.Name, asRoot(w.job))
-			sb[i] = append(sb[i], time.Since(t0))
-			_, took := hostChroot(b, root, w.job)
-			hc[i] = append(hc[i], took)
+	for b.Loop() {
+		s, h := m.round(b)
+		for i := range ioWorkloads {
+			sb[i], hc[i] = append(sb[i], s[i]), append(hc[i], h[i])
 		}
 	}
 	var table []string
@@ -105,11 +87,55 @@ func BenchmarkIOMatrix(b *testing.B) {
 		b.ReportMetric(s, w.name+"-sandbox-ms")
 		b.ReportMetric(hm, w.name+"-host-ms")
 		b.ReportMetric(s/hm, w.name+"-ratio")
-		table = append(table, fmt.Sprintf("%-6s %5s inputs  sandbox %8.0f ms  host chroot %8.0f ms  ratio %.2f×", w.name, inputs[i], s, hm, s/hm))
+		table = append(table, fmt.Sprintf("%-6s %5s inputs  sandbox %8.0f ms  host chroot %8.0f ms  ratio %.2f×", w.name, m.inputs[i], s, hm, s/hm))
 	}
 	b.ReportMetric(0, "ns/op")
 	b.Logf("I/O matrix, medians of %d rounds (gVisor systrap, --overlay2=none, --file-access=exclusive vs host chroot on the same store):\n%s",
 		len(sb[0]), strings.Join(table, "\n"))
+}
+
+// ioMatrix is the I/O matrix's setup on a daemon that serves the built-in
+// default computer: a sandbox of it to run the jobs in, and the merged
+// rootfs of a second one for the host chroot, each with every workload's
+// inputs built (and checked to be the same).
+type ioMatrix struct {
+	c      *cubicle.Client
+	inside string   // the sandbox's name
+	root   string   // the other sandbox's rootfs, on the host
+	inputs []string // each workload's setup output (its input count)
+}
+
+func newIOMatrix(tb testing.TB, d *daemon) *ioMatrix {
+	sn := waitBuiltinDefault(tb, d)
+	big := func(r *protocol.CreateSandboxRequest) {
+		r.MemBytes, r.FSCapacityBytes = int64p(2<<30), int64p(8<<30)
+	}
+	m := &ioMatrix{c: d.Client, inside: newSandbox(tb, d.Client, sn.ID, big).Name}
+	// Only its rootfs is used, from the host (see hostChroot).
+	host := newSandbox(tb, d.Client, sn.ID, big)
+	m.root = mergedRootFS(tb, strings.ReplaceAll(host.ID, "-", ""))
+	for _, w := range ioWorkloads {
+		in := strings.TrimSpace(runLong(tb, m.c, m.inside, asRoot(w.setup)))
+		out, _ := hostChroot(tb, m.root, w.setup)
+		if h := strings.TrimSpace(out); h != in {
+			tb.Fatalf("%s: setups differ: %q vs %q", w.name, in, h)
+		}
+		m.inputs = append(m.inputs, in)
+	}
+	return m
+}
+
+// round runs each workload in the sandbox, then in the host chroot, and
+// returns their times, by workload.
+func (m *ioMatrix) round(tb testing.TB) (sandbox, host []time.Duration) {
+	for _, w := range ioWorkloads {
+		t0 := time.Now()
+		runLong(tb, m.c, m.inside, asRoot(w.job))
+		sandbox = append(sandbox, time.Since(t0))
+		_, took := hostChroot(tb, m.root, w.job)
+		host = append(host, took)
+	}
+	return sandbox, host
 }
 
 // runLong is mustRun with room for a job of minutes.

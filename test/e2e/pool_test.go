@@ -194,29 +194,8 @@ func TestPoolCreateLatency(t *testing.T) {
 		}
 	})
 	t.Run("official-client", func(t *testing.T) {
-		dir := npmDir(t, false)
-		script, err := os.ReadFile(filepath.Join(repoRoot(t), "test", "e2e", "testdata", "pool-latency.mjs"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		dst := filepath.Join(dir, "pool-latency.mjs")
-		if err := os.WriteFile(dst, script, 0o644); err != nil {
-			t.Fatal(err)
-		}
 		runNode := func(prefix string, wait int) time.Duration {
-			ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, "node", dst)
-			cmd.Dir = dir
-			cmd.Env = append(os.Environ(), "LANGSMITH_ENDPOINT="+d.Endpoint, "LANGSMITH_API_KEY="+testKey, "POOL_SNAPSHOT="+base.ID,
-				fmt.Sprintf("POOL_N=%d", n), "POOL_PREFIX="+prefix, fmt.Sprintf("POOL_WAIT=%d", wait))
-			out, err := cmd.CombinedOutput()
-			t.Logf("%s: %s", prefix, out)
-			var ms float64
-			if _, serr := fmt.Sscanf(string(out[bytes.LastIndex(out, []byte("MEDIAN")):]), "MEDIAN %g", &ms); err != nil || serr != nil {
-				t.Fatalf("official client (%s): %v %v", prefix, err, serr)
-			}
-			return time.Duration(ms * float64(time.Millisecond))
+			return officialCreateLatency(t, d, base.ID, prefix, n, wait)
 		}
 		setPool(0)
 		cold := runNode("npm-cold", 0)
@@ -224,4 +203,33 @@ func TestPoolCreateLatency(t *testing.T) {
 		hit := runNode("npm-hit", 2)
 		report("official npm client", cold, hit, bareMedian())
 	})
+}
+
+// officialCreateLatency runs testdata/pool-latency.mjs with the official
+// npm client against d: n creates of snapshot snap, each named
+// prefix-i, then run("echo hi"), waiting before each for wait ready pool
+// instances when wait > 0; it returns the median create → first output.
+func officialCreateLatency(tb testing.TB, d *daemon, snap, prefix string, n, wait int) time.Duration {
+	dir := npmDir(tb, false)
+	script, err := os.ReadFile(filepath.Join(repoRoot(tb), "test", "e2e", "testdata", "pool-latency.mjs"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dst := filepath.Join(dir, "pool-latency.mjs")
+	if err := os.WriteFile(dst, script, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "node", dst)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "LANGSMITH_ENDPOINT="+d.Endpoint, "LANGSMITH_API_KEY="+testKey, "POOL_SNAPSHOT="+snap,
+		fmt.Sprintf("POOL_N=%d", n), "POOL_PREFIX="+prefix, fmt.Sprintf("POOL_WAIT=%d", wait))
+	out, err := cmd.CombinedOutput()
+	tb.Logf("%s: %s", prefix, out)
+	var ms float64
+	if _, serr := fmt.Sscanf(string(out[bytes.LastIndex(out, []byte("MEDIAN")):]), "MEDIAN %g", &ms); err != nil || serr != nil {
+		tb.Fatalf("official client (%s): %v %v", prefix, err, serr)
+	}
+	return time.Duration(ms * float64(time.Millisecond))
 }

@@ -17,10 +17,10 @@ var clientVersions = []string{"0.10", "0.12"}
 
 // npmDir returns a directory with the official `langsmith` client 0.10
 // installed (and `ws` too when withWS), cached under .cache/ between runs.
-func npmDir(t *testing.T, withWS bool) string { return npmDirVersion(t, "0.10", withWS) }
+func npmDir(t testing.TB, withWS bool) string { return npmDirVersion(t, "0.10", withWS) }
 
 // npmDirVersion is npmDir for client version v.
-func npmDirVersion(t *testing.T, v string, withWS bool) string {
+func npmDirVersion(t testing.TB, v string, withWS bool) string {
 	name := "npm-nows"
 	pkgs := []string{"langsmith@" + v}
 	if withWS {
@@ -35,7 +35,7 @@ func npmDirVersion(t *testing.T, v string, withWS bool) string {
 // npmPackages returns .cache/<name> with the npm packages pkgs
 // ("name@version") installed, installing them on first use; the first
 // package's directory marks the cache as complete.
-func npmPackages(t *testing.T, name string, pkgs ...string) string {
+func npmPackages(t testing.TB, name string, pkgs ...string) string {
 	dir := filepath.Join(repoRoot(t), ".cache", name)
 	first := pkgs[0]
 	if i := strings.LastIndex(first, "@"); i > 0 {

@@ -79,6 +79,7 @@ func (s *stallWriter) Write(p []byte) (int, error) {
 // was, the stream delivers again once the client reads, and hanging up
 // ends it promptly.
 func TestExecStreamStalledReader(t *testing.T) {
+	t.Parallel() // a minute of waiting, on a daemon of its own
 	ref := testImage(t)
 	d := startDaemon(t, runtimes()[0], "")
 	sn := readySnapshot(t, d.Client, "stall", ref)
