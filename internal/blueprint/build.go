@@ -42,23 +42,28 @@ type Builder struct {
 
 // Result is a finished build.
 type Result struct {
-	// Rootfs is a tarball of the root filesystem (under the build's
-	// WorkDir; the caller removes Dir once done with it).
+	// Rootfs is a tarball of the root filesystem: the built cache's
+	// copy when the builder has a CacheDir, else one under Dir (the
+	// caller removes Dir, which may be "", once done with it).
 	Rootfs string
 	Dir    string
 	// Packages maps each installed package to its version.
 	Packages map[string]string
 	// Took is how long the build ran.
 	Took time.Duration
+	// Cached is true when no build ran: the built cache had it.
+	Cached bool
 }
 
 // epoch is every file's mtime in the tarball, so two builds of the same
 // packages differ only where the packages' own scripts make them differ.
 const epoch = "@1700000000"
 
-// Build runs r's recipe: debootstrap, the chroot script, the tarball.
-// progress (may be nil) is called from Build's goroutines, in order.
-func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) (_ *Result, err error) {
+// Build runs r's recipe — debootstrap (or, for a stacked recipe, its
+// base's root filesystem), the chroot script, the tarball — unless the
+// built cache holds the tarball of r's key already. progress (may be
+// nil) is called from Build's goroutines, in order.
+func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) (*Result, error) {
 	rep := newReporter(progress)
 	if !b.mu.TryLock() {
 		rep.set("waiting for another blueprint build", 0)
@@ -68,6 +73,38 @@ func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) 
 	start := time.Now()
 	if err := os.MkdirAll(b.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("blueprint work dir: %w", err)
+	}
+	c, err := b.cacheDirs()
+	if err != nil {
+		return nil, err
+	}
+	res, err := b.build(ctx, r, c, rep)
+	if err != nil {
+		return nil, err
+	}
+	res.Took = time.Since(start)
+	return res, nil
+}
+
+// build is Build under b.mu: a built-cache hit, or a build of r (its base
+// first, into the first part of the progress span) that is then kept.
+func (b *Builder) build(ctx context.Context, r Recipe, c cache, rep *reporter) (_ *Result, err error) {
+	key := r.Key()
+	if tarball, pkgs, ok := b.lookupBuilt(key); ok {
+		rep.set("found in the built cache", 97)
+		return &Result{Rootfs: tarball, Packages: pkgs, Cached: true}, nil
+	}
+	var base *Result
+	if r.Base != nil {
+		outer := rep.within(func(s span) span { return s.part(0, 60) })
+		base, err = b.build(ctx, *r.Base, c, rep)
+		rep.within(func(span) span { return outer.part(60, 100) })
+		if err != nil {
+			return nil, fmt.Errorf("build base %s: %w", r.Base.Name, err)
+		}
+		if base.Dir != "" {
+			defer os.RemoveAll(base.Dir)
+		}
 	}
 	dir, err := os.MkdirTemp(b.WorkDir, "build-"+r.Name+"-")
 	if err != nil {
@@ -79,9 +116,16 @@ func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) 
 		}
 	}()
 	root := filepath.Join(dir, "rootfs")
-	cache, err := b.cacheDirs()
-	if err != nil {
-		return nil, err
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, fmt.Errorf("blueprint root: %w", err)
+	}
+	if base != nil {
+		rep.set("unpacking "+r.Base.Name, 0)
+		unpack := exec.CommandContext(ctx, "tar", "--numeric-owner", "--xattrs", "--xattrs-include=*", "-xpf", base.Rootfs, "-C", root)
+		if err := b.run(unpack, nil, nil); err != nil {
+			return nil, fmt.Errorf("unpack base %s: %w", r.Base.Name, err)
+		}
+		rep.set("unpacked "+r.Base.Name, 25)
 	}
 	// dpkg (debootstrap's inside the root, then apt's) fsyncs every file
 	// it unpacks, which is most of a build's time; a scratch root that is
@@ -93,16 +137,18 @@ func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) 
 	if err := os.WriteFile(filepath.Join(root, unsafeIOPath), []byte("force-unsafe-io\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("blueprint root: %w", err)
 	}
-	rep.set("debootstrap "+r.Suite, 0)
-	args := []string{"--variant=minbase"}
-	if cache.debootstrap != "" {
-		args = append(args, "--cache-dir="+cache.debootstrap)
+	if base == nil {
+		rep.set("debootstrap "+r.Suite, 0)
+		args := []string{"--variant=minbase"}
+		if c.debootstrap != "" {
+			args = append(args, "--cache-dir="+c.debootstrap)
+		}
+		args = append(args, r.Suite, root, r.Mirror)
+		if err := b.run(exec.CommandContext(ctx, "debootstrap", args...), rep.debootstrapLine, nil); err != nil {
+			return nil, fmt.Errorf("debootstrap %s: %w", r.Suite, err)
+		}
 	}
-	args = append(args, r.Suite, root, r.Mirror)
-	if err := b.run(exec.CommandContext(ctx, "debootstrap", args...), rep.debootstrapLine, nil); err != nil {
-		return nil, fmt.Errorf("debootstrap %s: %w", r.Suite, err)
-	}
-	if err := b.chroot(ctx, root, cache, r.script(), rep); err != nil {
+	if err := b.chroot(ctx, root, c, r.script(), rep); err != nil {
 		return nil, fmt.Errorf("install packages: %w", err)
 	}
 	if err := copyBinaries(root, r.Binaries); err != nil {
@@ -125,8 +171,16 @@ func (b *Builder) Build(ctx context.Context, r Recipe, progress func(Progress)) 
 	if err := os.RemoveAll(root); err != nil {
 		return nil, fmt.Errorf("remove build root: %w", err)
 	}
+	if kept, err := b.keepBuilt(key, tarball, pkgs); err != nil {
+		// The build stands without the cache: the next one builds again.
+		if b.Log != nil {
+			b.Log.Warn("blueprint not kept in the built cache", "name", r.Name, "key", key, "err", err)
+		}
+	} else if kept != "" {
+		tarball = kept
+	}
 	rep.set("packed", 97)
-	return &Result{Rootfs: tarball, Dir: dir, Packages: pkgs, Took: time.Since(start)}, nil
+	return &Result{Rootfs: tarball, Dir: dir, Packages: pkgs}, nil
 }
 
 // copyBinaries copies each of bins into root (mode 0755), checking that
@@ -309,13 +363,37 @@ type reporter struct {
 	f       func(Progress)
 	last    Progress
 	install bool // apt's update is over: status lines are the install's
+	// span is the part of the whole that the build under way reports
+	// into (a stacked recipe's base gets the first part).
+	span span
 }
 
-func newReporter(f func(Progress)) *reporter { return &reporter{f: f} }
+// span is a range of the overall percentage.
+type span struct{ lo, hi int }
 
+// part is the sub-range from..to (percentages of s) of s.
+func (s span) part(from, to int) span {
+	return span{s.lo + (s.hi-s.lo)*from/100, s.lo + (s.hi-s.lo)*to/100}
+}
+
+func newReporter(f func(Progress)) *reporter { return &reporter{f: f, span: span{0, 100}} }
+
+// within moves the reporter to the span f makes of the current one, for
+// the next build of a stack (whose apt output is an update's again), and
+// returns the span it was in.
+func (r *reporter) within(f func(span) span) span {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	prev := r.span
+	r.span, r.install = f(prev), false
+	return prev
+}
+
+// set reports step at pct percent of the current build (so pct of span).
 func (r *reporter) set(step string, pct int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	pct = r.span.lo + (r.span.hi-r.span.lo)*pct/100
 	pct = min(max(pct, r.last.Percent), 100)
 	p := Progress{Step: step, Percent: pct}
 	if p == r.last || r.f == nil {

@@ -6,7 +6,10 @@
 //
 // A build needs root, debootstrap, unshare, chroot and GNU tar on the host
 // and reaches the recipe's mirror; downloaded packages are kept in a cache
-// directory across builds, so a rebuild downloads only what changed.
+// directory across builds, so a rebuild downloads only what changed, and
+// so are finished builds (cache.go), so a recipe stacked on another
+// (Recipe.Base: docker on the default computer, the builder on docker)
+// installs only what it adds.
 package blueprint
 
 import (
@@ -60,6 +63,13 @@ type Recipe struct {
 	Binaries map[string]Binary
 	// Boot is how sandboxes of the snapshot boot (zero: plainly).
 	Boot sandbox.BuiltinBoot
+	// Base, when set, is the recipe this one is stacked on: the build
+	// unpacks Base's finished root filesystem (built first, or taken
+	// from the built cache) instead of running debootstrap, and then
+	// installs only Packages, adds User to Groups, and writes Files and
+	// Binaries. Suite, Mirror and Env are Base's; User is Base's user or
+	// "" (the image runs as root; Base's account stays).
+	Base *Recipe
 }
 
 // Binary is a host file a recipe copies into its image, named in the
@@ -172,12 +182,15 @@ exit "$code"
 // Docker is the default computer with Docker inside: Debian's docker.io
 // (dockerd, containerd, runc, the docker CLI) and docker-compose, the
 // user in group docker, dockerd started at every boot (cubicle-dockerd)
+// — stacked on the default computer's build, so only Docker is installed —
 // and the sandbox ready once it answers. Its sandboxes run with Docker
 // inside unless their create says otherwise.
 func Docker() Recipe {
-	r := Default()
+	base := Default()
+	r := base
 	r.Name = "docker"
-	r.Packages = append(r.Packages, "docker.io", "docker-compose", "iproute2", "iptables")
+	r.Base = &base
+	r.Packages = []string{"docker.io", "docker-compose", "iproute2", "iptables"}
 	r.Groups = []string{"docker"}
 	r.Files = map[string]string{dockerdPath: dockerdScript}
 	r.Boot = sandbox.BuiltinBoot{Docker: true, StartCmd: "sudo " + dockerdPath, ReadyCmd: dockerdPath + " --ready"}
@@ -187,18 +200,21 @@ func Docker() Recipe {
 // dockerdPath is where the docker blueprints keep cubicle-dockerd.
 const dockerdPath = "/usr/local/bin/cubicle-dockerd"
 
-// DockerfileBuilder is the snapshot the official clients' createSnapshotFromDockerfile
-// runs in: the docker blueprint run as root (the clients' build command
+// DockerfileBuilder is the snapshot the official clients'
+// createSnapshotFromDockerfile runs in: the docker blueprint (stacked on
+// it, its user account kept) run as root (the clients' build command
 // writes under /var/lib and starts buildkitd) with BuildKit's daemon and
 // client, buildkitd and buildctl (built from the Go module proxy at the
 // version tools/buildkit pins; Debian has no BuildKit), and buildkit-runc,
 // the name the clients give buildkitd's OCI worker, for Debian's runc.
 func DockerfileBuilder(buildkitd, buildctl Binary) Recipe {
-	r := Docker()
+	base := Docker()
+	r := base
 	r.Name = sandbox.BuilderSnapshot
+	r.Base = &base
+	r.Packages = nil
 	r.User, r.UID, r.Groups = "", 0, nil
-	r.Files = maps.Clone(r.Files)
-	r.Files["/usr/local/bin/buildkit-runc"] = "#!/bin/sh\nexec runc \"$@\"\n"
+	r.Files = map[string]string{"/usr/local/bin/buildkit-runc": "#!/bin/sh\nexec runc \"$@\"\n"}
 	r.Binaries = map[string]Binary{"/usr/local/bin/buildkitd": buildkitd, "/usr/local/bin/buildctl": buildctl}
 	r.Boot.StartCmd = dockerdPath
 	return r
@@ -225,6 +241,9 @@ func (r Recipe) Key() string {
 		strings.Join(pkgs, " "), r.User, r.UID, strings.Join(r.Env, "\n"), r.Revision, sorted.script())
 	if r.Boot != (sandbox.BuiltinBoot{}) { // absent from older recipes' keys
 		fmt.Fprintf(h, "\n%v\n%s\n%s", r.Boot.Docker, r.Boot.StartCmd, r.Boot.ReadyCmd)
+	}
+	if r.Base != nil {
+		fmt.Fprintf(h, "\nbase %s", r.Base.Key())
 	}
 	for _, p := range slices.Sorted(maps.Keys(r.Binaries)) {
 		d, err := r.Binaries[p].Digest()
@@ -263,15 +282,25 @@ func (r Recipe) script() string {
 	b.WriteString("set -eu\n")
 	b.WriteString("export DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8\n")
 	b.WriteString("printf '#!/bin/sh\\nexit 101\\n' >/usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d\n")
-	fmt.Fprintf(&b, "cat >/etc/apt/sources.list <<'EOF'\n%sEOF\n", r.sources())
+	if r.Base == nil {
+		fmt.Fprintf(&b, "cat >/etc/apt/sources.list <<'EOF'\n%sEOF\n", r.sources())
+	}
 	b.WriteString("echo 'APT::Keep-Downloaded-Packages \"true\";' >/etc/apt/apt.conf.d/00cubicle-keep\n")
-	// Documentation is most of a package's bytes and nothing a sandbox
-	// reads (no man is installed); licences stay.
-	b.WriteString("printf 'path-exclude=/usr/share/doc/*\\npath-include=/usr/share/doc/*/copyright\\npath-exclude=/usr/share/man/*\\npath-exclude=/usr/share/info/*\\n' >/etc/dpkg/dpkg.cfg.d/01cubicle-nodoc\n")
-	b.WriteString("apt-get -o APT::Status-Fd=3 update\n")
-	fmt.Fprintf(&b, "echo %s >&3\n", installMarker)
-	fmt.Fprintf(&b, "apt-get -o APT::Status-Fd=3 -y --no-install-recommends install %s\n", strings.Join(r.Packages, " "))
-	if r.User != "" {
+	if r.Base == nil {
+		// Documentation is most of a package's bytes and nothing a sandbox
+		// reads (no man is installed); licences stay.
+		b.WriteString("printf 'path-exclude=/usr/share/doc/*\\npath-include=/usr/share/doc/*/copyright\\npath-exclude=/usr/share/man/*\\npath-exclude=/usr/share/info/*\\n' >/etc/dpkg/dpkg.cfg.d/01cubicle-nodoc\n")
+	}
+	if len(r.Packages) > 0 {
+		b.WriteString("apt-get -o APT::Status-Fd=3 update\n")
+		fmt.Fprintf(&b, "echo %s >&3\n", installMarker)
+		fmt.Fprintf(&b, "apt-get -o APT::Status-Fd=3 -y --no-install-recommends install %s\n", strings.Join(r.Packages, " "))
+	}
+	switch {
+	case r.Base != nil && r.User != "" && len(r.Groups) > 0:
+		// The account is the base's: it only joins the new groups.
+		fmt.Fprintf(&b, "usermod --append --groups %s %s\n", strings.Join(r.Groups, ","), r.User)
+	case r.Base == nil && r.User != "":
 		fmt.Fprintf(&b, "useradd --create-home --shell /bin/bash --uid %d --user-group --groups %s %s\n", r.UID, strings.Join(append([]string{"sudo"}, r.Groups...), ","), r.User)
 		fmt.Fprintf(&b, "echo '%s ALL=(ALL) NOPASSWD:ALL' >/etc/sudoers.d/%s && chmod 0440 /etc/sudoers.d/%s\n", r.User, r.User, r.User)
 		// Setuid does not work in a sandbox: sudo is the agent's broker

@@ -154,21 +154,31 @@ func TestPackReproducible(t *testing.T) {
 	}
 }
 
-// TestDockerRecipe: the docker blueprint is the default computer plus
-// Debian's Docker, its user in group docker, cubicle-dockerd written
-// into the image as valid shell, and sandboxes that boot with Docker
-// inside, start dockerd and wait for it; its key is its own.
+// TestDockerRecipe: the docker blueprint is stacked on the default
+// computer and adds Debian's Docker, its user in group docker (the
+// base's account, not a new one), cubicle-dockerd written into the image
+// as valid shell, and sandboxes that boot with Docker inside, start
+// dockerd and wait for it; its key is its own and follows its base's.
 func TestDockerRecipe(t *testing.T) {
 	r, def := Docker(), Default()
-	for _, p := range append(slices.Clone(def.Packages), "docker.io", "iptables", "iproute2") {
+	if r.Base == nil || r.Base.Key() != def.Key() {
+		t.Fatalf("docker recipe's base %v; want the default computer", r.Base)
+	}
+	for _, p := range []string{"docker.io", "iptables", "iproute2"} {
 		if !slices.Contains(r.Packages, p) {
 			t.Errorf("docker recipe lacks %s", p)
 		}
 	}
 	s := r.script()
-	for _, want := range []string{"--groups sudo,docker user\n", "cat >/usr/local/bin/cubicle-dockerd <<'CUBICLE_EOF'", "dockerd --iptables=false"} {
+	for _, want := range []string{"usermod --append --groups docker user\n", "cat >/usr/local/bin/cubicle-dockerd <<'CUBICLE_EOF'", "dockerd --iptables=false",
+		"--no-install-recommends install docker.io docker-compose iproute2 iptables\n"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("docker script lacks %q", want)
+		}
+	}
+	for _, unwanted := range []string{"useradd", "sources.list", "build-essential"} {
+		if strings.Contains(s, unwanted) {
+			t.Errorf("docker script redoes its base's %q", unwanted)
 		}
 	}
 	for name, sh := range map[string]string{"chroot script": s, "cubicle-dockerd": dockerdScript} {
@@ -181,6 +191,13 @@ func TestDockerRecipe(t *testing.T) {
 	}
 	if r.Key() == def.Key() || strings.Contains(def.script(), "docker") {
 		t.Error("the docker recipe shares the default's key or script")
+	}
+	changed := Docker()
+	newBase := Default()
+	newBase.Revision++
+	changed.Base = &newBase
+	if changed.Key() == r.Key() {
+		t.Error("a change to the base kept the docker recipe's key")
 	}
 }
 
@@ -201,6 +218,12 @@ func TestDockerfileBuilderRecipe(t *testing.T) {
 	r := DockerfileBuilder(bin, bin)
 	if r.Name != "builder" || r.User != "" || !r.Boot.Docker || strings.Contains(r.Boot.StartCmd, "sudo") {
 		t.Fatalf("builder recipe %s user %q boot %+v; want builder as root with Docker", r.Name, r.User, r.Boot)
+	}
+	if r.Base == nil || r.Base.Name != "docker" || len(r.Packages) != 0 {
+		t.Fatalf("builder base %v packages %v; want docker's build with nothing more installed", r.Base, r.Packages)
+	}
+	if s := r.script(); strings.Contains(s, "apt-get") || strings.Contains(s, "useradd") || strings.Contains(s, "usermod") {
+		t.Errorf("builder script installs packages or changes accounts:\n%s", s)
 	}
 	if _, ok := r.Files["/usr/local/bin/buildkit-runc"]; !ok || r.Binaries["/usr/local/bin/buildctl"] != bin {
 		t.Fatalf("builder files %v binaries %v", r.Files, r.Binaries)

@@ -59,7 +59,7 @@ func (s *Source) Make(ctx context.Context, ws string, progress func(string, int)
 		return nil, nil, err
 	}
 	if s.Builder.Log != nil {
-		s.Builder.Log.Info("built blueprint", "name", r.Name, "key", r.Key(), "packages", len(res.Packages), "took", res.Took)
+		s.Builder.Log.Info("built blueprint", "name", r.Name, "key", r.Key(), "packages", len(res.Packages), "cached", res.Cached, "took", res.Took)
 	}
 	return img, res.Packages, nil
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/blueprint"
 	cubicle "github.com/cubicle-dev/cubicle/sdk/go"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
@@ -33,6 +34,16 @@ func blueprintCache() string {
 // promises, as "user" with sudo; the official npm client's
 // sandbox.run("python my_analysis.py") works on it; a restart keeps it.
 func TestDefaultComputer(t *testing.T) {
+	// The build itself is under test: its finished tarball from an earlier
+	// run is dropped from the built cache (the downloads stay), and this
+	// build's is kept there for the docker and builder blueprints stacked
+	// on it.
+	builtEntry := filepath.Join(blueprintCache(), "built", blueprint.Default().Key())
+	for _, ext := range []string{".json", ".tar"} {
+		if err := os.Remove(builtEntry + ext); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+	}
 	d := startDaemonEnv(t, "gvisor", "", []string{"CUBICLE_DEFAULT_IMAGE=", "CUBICLE_BLUEPRINT_CACHE=" + blueprintCache()})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -69,6 +80,9 @@ func TestDefaultComputer(t *testing.T) {
 	}
 	if len(seen) < 3 {
 		t.Errorf("progress steps seen while building: %q, want several", seen)
+	}
+	if _, err := os.Stat(builtEntry + ".json"); err != nil {
+		t.Errorf("the build is not in the built cache: %v", err)
 	}
 	full, err := d.Client.GetSnapshot(ctx, sn.ID)
 	if err != nil {
