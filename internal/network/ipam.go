@@ -16,6 +16,7 @@ import (
 
 	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // record is the persisted allocation of one sandbox: <StateDir>/<id>.json.
@@ -55,6 +56,34 @@ func (m *Manager) subnet(index int) (host, sandbox netip.Addr) {
 	binary.BigEndian.PutUint32(h[:], base+1)
 	binary.BigEndian.PutUint32(s[:], base+2)
 	return netip.AddrFrom4(h), netip.AddrFrom4(s)
+}
+
+// hostLockName is the file beside the netns directory (host-wide for every
+// daemon: /run/cubicle/alloc.lock) that Setup flocks from allocating an address
+// until the address is on the host. allocate skips addresses already on
+// the host, so two daemons sharing a pool never pick the same /30 (they
+// did: parallel daemons raced, and one's agent token reached the other's
+// sandbox, which answered 401).
+const hostLockName = "alloc.lock"
+
+// lockHost takes the host-wide allocation lock; the returned func
+// releases it.
+func (m *Manager) lockHost() (func(), error) {
+	f, err := os.OpenFile(filepath.Join(filepath.Dir(m.netnsDir), hostLockName), os.O_CREATE|os.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open host allocation lock: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("take host allocation lock: %w", err)
+	}
+	return func() { f.Close() }, nil // closing the descriptor releases the lock
 }
 
 // allocate picks the lowest free /30 for id and persists the record. The

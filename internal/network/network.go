@@ -20,7 +20,8 @@
 //     netns mounts are derived state and are recreated from it (Lookup) after
 //     a host reboot.
 //   - No two records share a subnet index or a host interface name; records
-//     are created only while Manager.allocMu is held.
+//     are created only while Manager.allocMu is held, and addresses are
+//     allocated and put on the host under the host-wide lock (lockHost).
 //   - Operations on one id are serialised by a per-id lock; different ids
 //     proceed in parallel apart from the short allocation step.
 //
@@ -172,6 +173,11 @@ func (m *Manager) Setup(ctx context.Context, id string) (*Endpoint, error) {
 			m.logger(ctx).Warn("network: undo half-made endpoint", "id", id, "err", err)
 		}
 	}()
+	unlockHost, err := m.lockHost()
+	if err != nil {
+		return nil, fmt.Errorf("network: setup %s: %w", id, err)
+	}
+	defer unlockHost() // after plumb: the address is on the host by then
 	rec, err = m.allocate(id)
 	if err != nil {
 		return nil, fmt.Errorf("network: setup %s: allocate: %w", id, err)

@@ -496,6 +496,45 @@ func TestConcurrentSetup(t *testing.T) {
 	}
 }
 
+// TestTwoManagersOnePool: two daemons on one host with the same pool
+// (their own state dirs, the host's netns dir) setting up at once never
+// hand out the same address: each skips what the other has put on the
+// host, under the host-wide allocation lock.
+func TestTwoManagersOnePool(t *testing.T) {
+	env := newEnv(t)
+	ctx := context.Background()
+	before := env.snapshot(t)
+	other := &testEnv{stateDir: t.TempDir(), netnsDir: env.netnsDir}
+	ms := []*Manager{env.manager(t), other.manager(t)}
+
+	const n = 8
+	eps := make([]*Endpoint, 2*n)
+	errs := make([]error, 2*n)
+	var wg sync.WaitGroup
+	for i := range 2 * n {
+		wg.Go(func() { eps[i], errs[i] = ms[i%2].Setup(ctx, randID(t, fmt.Sprint("p", i))) })
+	}
+	wg.Wait()
+	seen := map[netip.Addr]string{}
+	for i := range 2 * n {
+		must(t, errs[i])
+		if id, dup := seen[eps[i].SandboxIP]; dup {
+			t.Errorf("address %s handed out to %s and %s", eps[i].SandboxIP, id, eps[i].ID)
+		}
+		seen[eps[i].SandboxIP] = eps[i].ID
+	}
+	for i := range 2 * n {
+		wg.Go(func() { errs[i] = ms[i%2].Teardown(ctx, eps[i].ID) })
+	}
+	wg.Wait()
+	for i := range 2 * n {
+		must(t, errs[i])
+	}
+	if leak := env.snapshot(t).leakedSince(before); leak != "" {
+		t.Fatalf("leak: %s", leak)
+	}
+}
+
 func TestSetupFailureUndoes(t *testing.T) {
 	env := newEnv(t)
 	ctx := context.Background()
