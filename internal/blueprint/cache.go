@@ -111,7 +111,8 @@ func (b *Builder) keepBuilt(key, tarball string, pkgs map[string]string) (string
 }
 
 // pruneBuilt removes the entries used least recently beyond keepBuilt,
-// and tarballs no entry names (a build cut off between the two writes).
+// and old tarballs no entry names (a build cut off between the two
+// writes).
 func (b *Builder) pruneBuilt(dir string) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
@@ -130,7 +131,11 @@ func (b *Builder) pruneBuilt(dir string) {
 				metas = append(metas, entry{key, fi.ModTime()})
 			}
 		} else if key, ok := strings.CutSuffix(name, ".tar"); ok {
-			tars[key] = true
+			// Another daemon sharing the cache may be between its two
+			// writes: only an orphan older than any build is removed.
+			if fi, err := de.Info(); err == nil && time.Since(fi.ModTime()) > time.Hour {
+				tars[key] = true
+			}
 		}
 	}
 	slices.SortFunc(metas, func(a, b entry) int { return b.used.Compare(a.used) })
@@ -140,12 +145,15 @@ func (b *Builder) pruneBuilt(dir string) {
 			continue
 		}
 		os.Remove(filepath.Join(dir, m.key+".json"))
+		os.Remove(filepath.Join(dir, m.key+".tar"))
+		delete(tars, m.key)
 	}
 	for key := range tars {
 		os.Remove(filepath.Join(dir, key+".tar"))
 	}
 }
 
+// fileSHA256 is the hex sha256 of path's content.
 func fileSHA256(path string) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {

@@ -11,7 +11,8 @@ import (
 // TestBuiltCache: a kept build is found by its key with its packages; a
 // tarball that no longer matches its digest, or one older than
 // maxBuiltAge, is dropped and not found; beyond keepBuilt entries the
-// least recently used go, tarball and all.
+// least recently used go, tarball and all; of tarballs no entry names,
+// only old ones go.
 func TestBuiltCache(t *testing.T) {
 	b := &Builder{CacheDir: t.TempDir()}
 	keep := func(key, content string) string {
@@ -76,6 +77,25 @@ func TestBuiltCache(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(b.builtDir(), "n0.tar")); !os.IsNotExist(err) {
 		t.Errorf("a pruned entry's tarball stays: %v", err)
+	}
+
+	// Tarballs no entry names: a fresh one may be another daemon's between
+	// its two writes and stays; an old one is removed.
+	fresh, stale := filepath.Join(b.builtDir(), "fresh.tar"), filepath.Join(b.builtDir(), "stale.tar")
+	for _, p := range []string{fresh, stale} {
+		if err := os.WriteFile(p, []byte("orphan"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chtimes(stale, then, then); err != nil {
+		t.Fatal(err)
+	}
+	keep("after", "build")
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("a fresh orphan tarball was removed: %v", err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("an old orphan tarball stays: %v", err)
 	}
 }
 

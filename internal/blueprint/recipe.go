@@ -103,18 +103,12 @@ func NewBinary(path string) (Binary, error) {
 // Digest is the file's "sha256:…" digest as first read.
 func (b Binary) Digest() (string, error) {
 	b.digest.once.Do(func() {
-		f, err := os.Open(b.Source)
+		sum, err := fileSHA256(b.Source)
 		if err != nil {
 			b.digest.err = fmt.Errorf("blueprint binary: %w", err)
 			return
 		}
-		defer f.Close()
-		h := sha256.New()
-		if _, err := io.Copy(h, f); err != nil {
-			b.digest.err = fmt.Errorf("blueprint binary %s: %w", b.Source, err)
-			return
-		}
-		b.digest.sum = "sha256:" + hex.EncodeToString(h.Sum(nil))
+		b.digest.sum = "sha256:" + sum
 	})
 	return b.digest.sum, b.digest.err
 }
