@@ -3,16 +3,17 @@ package agent
 import (
 	"context"
 	"net/http"
+	"time"
 )
 
 // Activity is the agent's answer to GET /v1/activity: what the daemon's
 // idle-TTL reaper needs to know about commands it may not be relaying
 // (e.g. started with wait:false and then left with no client attached).
 //
-// The daemon compares successive answers: a change in Sessions or
-// OutputBytes means a command started, finished or wrote output since the
-// last poll, and Running > 0 means a command is still running. Both count
-// as activity.
+// Running > 0 means a command is still running, and ChangedMsAgo says when
+// a command last started, wrote output or finished. Both count as
+// activity; the daemon polls only when its own clock says the sandbox is
+// due to stop, so an idle sandbox is never woken for it.
 type Activity struct {
 	// Running counts commands whose process has not exited.
 	Running int `json:"running"`
@@ -22,6 +23,11 @@ type Activity struct {
 	// OutputBytes is the total output produced by the remembered commands,
 	// counting bytes already dropped from their replay windows.
 	OutputBytes int64 `json:"output_bytes"`
+	// ChangedMsAgo is how many milliseconds ago a command last started,
+	// wrote output or finished (the agent's monotonic clock, so skew
+	// between guest and host clocks does not matter); absent when no
+	// command ran since the agent started.
+	ChangedMsAgo *int64 `json:"changed_ms_ago,omitempty"`
 }
 
 // activity snapshots the session table. It only reads existing state.
@@ -31,24 +37,32 @@ func (t *sessionTable) activity() Activity {
 	for _, s := range t.live {
 		live = append(live, s)
 	}
+	changed := t.expiredChange
 	t.mu.Unlock()
 	a := Activity{Sessions: len(live)}
 	for _, s := range live {
+		started := true
 		select {
 		case <-s.ready:
 		default:
+			started = false
 			a.Running++ // being started
-			continue
-		}
-		if s.startErr != nil {
-			continue
 		}
 		s.mu.Lock()
-		if !s.done {
-			a.Running++
+		if s.changeAt.After(changed) {
+			changed = s.changeAt
 		}
-		a.OutputBytes += s.out[streamStdout].end() + s.out[streamStderr].end()
+		if started && s.startErr == nil {
+			if !s.done {
+				a.Running++
+			}
+			a.OutputBytes += s.out[streamStdout].end() + s.out[streamStderr].end()
+		}
 		s.mu.Unlock()
+	}
+	if !changed.IsZero() {
+		ago := time.Since(changed).Milliseconds()
+		a.ChangedMsAgo = &ago
 	}
 	return a
 }

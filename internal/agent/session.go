@@ -51,6 +51,7 @@ type session struct {
 	mu       sync.Mutex
 	out      [2]outBuf
 	changed  chan struct{}
+	changeAt time.Time // when changed was last closed (or the session made)
 	done     bool
 	exitCode int
 	timedOut bool
@@ -71,7 +72,7 @@ type session struct {
 
 func newSession(id string, bufMax int) *session {
 	s := &session{id: id, ready: make(chan struct{}), changed: make(chan struct{}), stop: make(chan struct{}),
-		readers: map[*[2]int64]struct{}{}}
+		readers: map[*[2]int64]struct{}{}, changeAt: time.Now()}
 	s.space = sync.NewCond(&s.mu)
 	s.out[streamStdout].max = bufMax
 	s.out[streamStderr].max = bufMax
@@ -381,4 +382,5 @@ func (s *session) detach() {
 func (s *session) broadcastLocked() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+	s.changeAt = time.Now()
 }

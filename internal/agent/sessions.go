@@ -18,13 +18,18 @@ var (
 )
 
 // sessionTable indexes sessions by command id. Invariant: an id is in at most
-// one of live and expired; a session leaves live only through expire.
+// one of live and expired; a session leaves live only through expire. Lock
+// order: t.mu before a session's mu.
 type sessionTable struct {
 	bufMax int
 
 	mu      sync.Mutex
 	live    map[string]*session
 	expired map[string]time.Time
+	// expiredChange is the latest changeAt of the sessions that expired,
+	// so a command that started and ended between two activity polls
+	// still counts.
+	expiredChange time.Time
 }
 
 func newSessionTable(bufMax int) *sessionTable {
@@ -85,6 +90,11 @@ func (t *sessionTable) expire(s *session) {
 		return
 	}
 	delete(t.live, s.id)
+	s.mu.Lock()
+	if s.changeAt.After(t.expiredChange) {
+		t.expiredChange = s.changeAt
+	}
+	s.mu.Unlock()
 	now := time.Now()
 	for id, at := range t.expired {
 		if now.Sub(at) > expiredMemory {

@@ -77,6 +77,52 @@ func TestReaperStopsIdleSandbox(t *testing.T) {
 	c.Release()
 }
 
+// TestReaperPollsOnlyWhenDue: the agent is asked about its commands only
+// once the daemon's own clock says the sandbox is due to stop (an idle
+// sandbox is never woken for it), and its changed_ms_ago moves the idle
+// clock back to when a command last started, wrote or finished.
+func TestReaperPollsOnlyWhenDue(t *testing.T) {
+	e := newEnv(t)
+	ctx := as(member)
+	sb, err := e.m.CreateSandbox(ctx, protocol.CreateSandboxRequest{Name: "lazy", IdleTTLSeconds: ptr(int64(60))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := e.driver.Agent(runtimeID(sb.ID))
+	for range 3 {
+		e.m.Reap(context.Background())
+	}
+	if n := fake.ActivityPolls(); n != 0 {
+		t.Fatalf("a sandbox not yet due was polled %d times", n)
+	}
+
+	// Due by the API clock, but a detached command wrote output 10 s ago:
+	// kept, and the clock now says 10 s, so the next pass does not poll.
+	ago := int64(10_000)
+	fake.SetActivity(agent.Activity{Sessions: 1, OutputBytes: 5, ChangedMsAgo: &ago})
+	e.backdate(sb.ID, 2*time.Minute)
+	e.m.Reap(context.Background())
+	if got := e.get(t, sb.ID); got.Status != protocol.StatusReady {
+		t.Fatal("a sandbox whose command wrote 10 s ago was reaped")
+	}
+	if idle, _ := e.m.idleFor(sb.ID, time.Now(), time.Time{}); idle < 9*time.Second || idle > 12*time.Second {
+		t.Fatalf("idle clock after the poll: %v, want about 10 s", idle)
+	}
+	e.m.Reap(context.Background())
+	if n := fake.ActivityPolls(); n != 1 {
+		t.Fatalf("polls: %d, want 1", n)
+	}
+
+	// The last change is older than the TTL: stopped.
+	ago = int64(90_000)
+	fake.SetActivity(agent.Activity{Sessions: 1, OutputBytes: 5, ChangedMsAgo: &ago})
+	e.backdate(sb.ID, 2*time.Minute)
+	e.m.Reap(context.Background())
+	if got := e.get(t, sb.ID); got.Status != protocol.StatusStopped {
+		t.Fatalf("a sandbox idle past its TTL by the agent's clock too: %s", got.Status)
+	}
+}
+
 func TestReaperDeletesAfterStopTTL(t *testing.T) {
 	e := newEnv(t)
 	ctx := as(member)

@@ -591,6 +591,7 @@ type Agent struct {
 	mu       sync.Mutex
 	token    string
 	activity agent.Activity
+	polls    int
 }
 
 // NewAgent returns an Agent accepting token.
@@ -610,11 +611,21 @@ func (a *Agent) SetActivity(act agent.Activity) {
 	a.activity = act
 }
 
+// ActivityPolls counts the GET /v1/activity calls answered.
+func (a *Agent) ActivityPolls() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.polls
+}
+
 // ServeHTTP implements the agent API subset.
 func (a *Agent) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	a.mu.Lock()
 	ok := r.Header.Get("Authorization") == "Bearer "+a.token
 	act := a.activity
+	if ok && r.URL.Path == "/v1/activity" {
+		a.polls++
+	}
 	a.mu.Unlock()
 	if !ok {
 		http.Error(w, `{"detail":{"error":"Unauthorized","message":"bad token"}}`, http.StatusUnauthorized)
