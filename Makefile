@@ -71,11 +71,14 @@ test: build guest-kernel $(TEST_SERVERS) lint
 # Each parser of untrusted input has a native Go fuzz target
 # (package:Func:execs). `go test` above replays their seeds and
 # testdata/fuzz regressions; here each one is fuzzed for a fixed number of
-# executions, sized to about ten seconds on this machine (go test -fuzz
-# takes one target at a time). The budget is a count, not a duration: Go
-# 1.26's fuzz coordinator can fail a duration-bounded run with a spurious
-# "context deadline exceeded" when the deadline races a worker's in-flight
-# input (go.dev/issue/75804, fixed in Go 1.27); a count has no deadline.
+# executions (go test -fuzz takes one target at a time), sized to about ten
+# seconds of fuzzing at the rates a clean-clone CI run on this machine
+# printed (the earlier sizes took 300 s for the nine). Interesting inputs
+# accumulate in GOCACHE's fuzz corpus, so runs on one machine build on each
+# other. The budget is a count, not a duration: Go 1.26's fuzz coordinator
+# can fail a duration-bounded run with a spurious "context deadline
+# exceeded" when the deadline races a worker's in-flight input
+# (go.dev/issue/75804, fixed in Go 1.27); a count has no deadline.
 # FUZZSCALE multiplies every budget (e.g. FUZZSCALE=10 for a long run).
 # Minimizing each new input is capped at FUZZMINIMIZE runs so a short run
 # spends its time exploring (the unpacker's coverage varies from run to run,
@@ -84,15 +87,15 @@ test: build guest-kernel $(TEST_SERVERS) lint
 FUZZSCALE    ?= 1
 FUZZMINIMIZE ?= 20x
 FUZZ_TARGETS := \
-	./internal/image:FuzzUnpackLayer:12000 \
-	./internal/proxy:FuzzParsePolicy:80000 \
-	./internal/mounts:FuzzParse:80000 \
-	./internal/proxy:FuzzAWSEndpoint:100000 \
-	./internal/proxy:FuzzServeDNS:100000 \
-	./internal/gateway:FuzzVerify:80000 \
-	./internal/api:FuzzDecode:80000 \
-	./internal/agent:FuzzClientAnswers:200000 \
-	./internal/agent:FuzzExecFrames:30000
+	./internal/image:FuzzUnpackLayer:7000 \
+	./internal/proxy:FuzzParsePolicy:20000 \
+	./internal/mounts:FuzzParse:24000 \
+	./internal/proxy:FuzzAWSEndpoint:25000 \
+	./internal/proxy:FuzzServeDNS:30000 \
+	./internal/gateway:FuzzVerify:25000 \
+	./internal/api:FuzzDecode:15000 \
+	./internal/agent:FuzzClientAnswers:50000 \
+	./internal/agent:FuzzExecFrames:11000
 
 # The long soak: 50 gVisor sandboxes × mixed work for 10 minutes, the
 # daemon's RSS, fds and goroutines checked for growth (CI runs a short
