@@ -112,13 +112,34 @@ const answerTimeout = 30 * time.Second
 // microseconds, so a longer wait means the address is not up yet.
 const dialTimeout = 500 * time.Millisecond
 
+// dialTries bounds how many times dialAgent tries a connect that times out.
+const dialTries = 4
+
+// dialAgent connects to the agent. A connect that times out is tried again
+// with twice the wait (0.5, 1, 2, 4 s), within ctx: a Sentry starved of CPU
+// on a loaded host can take longer than dialTimeout to answer a SYN (a
+// parallel CI run saw an exec fail with "agent unreachable" that way),
+// while a refused connect (the agent not listening yet) returns at once
+// for WaitReady to poll again.
+func dialAgent(ctx context.Context, network, addr string) (net.Conn, error) {
+	wait := dialTimeout
+	for try := 1; ; try++ {
+		d := net.Dialer{Timeout: wait, KeepAlive: 30 * time.Second}
+		c, err := d.DialContext(ctx, network, addr)
+		var ne net.Error
+		if err == nil || try == dialTries || ctx.Err() != nil || !errors.As(err, &ne) || !ne.Timeout() {
+			return c, err
+		}
+		wait *= 2
+	}
+}
+
 // NewClient returns a client for the agent listening on addr ("ip:port")
 // that authenticates with token.
 func NewClient(addr, token string) *Client {
-	d := &net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
 		Proxy:               nil, // never route sandbox traffic through a host proxy
-		DialContext:         d.DialContext,
+		DialContext:         dialAgent,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,

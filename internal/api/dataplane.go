@@ -232,11 +232,13 @@ func (s *Server) executeWS(w http.ResponseWriter, r *http.Request) {
 	<-indexed
 	if err != nil {
 		// 1011 before `started` is fatal for the client: say why.
+		s.log.Warn("exec: agent unreachable", "sandbox", id, "err", err)
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return
 	}
 	defer up.CloseNow()
 	if err := wsjson.Write(ctx, up, first); err != nil {
+		s.log.Warn("exec: agent unreachable", "sandbox", id, "err", err)
 		conn.Close(websocket.StatusInternalError, "sandbox agent unreachable")
 		return
 	}
