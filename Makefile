@@ -20,9 +20,10 @@ $(BIN)/cubicle-agent: FORCE
 
 # runsc is built from the Go module proxy at the version pinned in
 # tools/runsc/go.mod (a separate module so gVisor's dependency graph never
-# touches ours). CGO_ENABLED=0 is required: the cgo build fails at run time.
-$(BIN)/runsc: tools/runsc/go.mod tools/runsc/go.sum
-	cd tools/runsc && $(GOFLAGS_BIN) $(GO) build -o ../../$(BIN)/runsc gvisor.dev/gvisor/runsc
+# touches ours), with its seccomp filters precompiled and cached per
+# machine under /var/cache/cubicle/runsc (see tools/runsc/build.sh).
+$(BIN)/runsc: tools/runsc/go.mod tools/runsc/go.sum tools/runsc/precompile/main.go tools/runsc/build.sh
+	GO=$(GO) tools/runsc/build.sh $@
 
 # BuildKit's daemon and client go into the built-in builder snapshot (the
 # official clients' createSnapshotFromDockerfile runs them); the daemon

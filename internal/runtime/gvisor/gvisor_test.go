@@ -395,6 +395,20 @@ func TestRestartOnSameNetNS(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(debug, s.id)); len(ents) == 0 {
 		t.Error("WithDebugLog wrote no logs")
 	}
+	// make build's runsc has its seccomp filters precompiled
+	// (tools/runsc/build.sh): the Sentry and the gofer load them rather
+	// than compile them at each start.
+	for _, cmd := range []string{"boot", "gofer"} {
+		logs, _ := filepath.Glob(filepath.Join(debug, s.id, "*."+cmd+".txt"))
+		var found bool
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			found = found || strings.Contains(string(b), "Loaded precompiled seccomp instructions")
+		}
+		if !found {
+			t.Errorf("runsc %s compiled its seccomp filters at start (logs %v): bin/runsc was not built by tools/runsc/build.sh", cmd, logs)
+		}
+	}
 	s.id = newID(t)
 	s.spec.ID = s.id
 	if err := d.Start(ctx, s.spec); err != nil {
