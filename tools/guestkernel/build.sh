@@ -19,12 +19,8 @@ fi
 pkg=$(basename "$tarball" .tar.xz)
 ver=$(dpkg-query -W -f='${Version}' "$pkg")
 key=$( { echo "$pkg $ver"; gcc --version | head -1; cat "$frag"; } | sha256sum | cut -c1-16)
-root=${CUBICLE_KERNEL_CACHE:-/var/cache/cubicle/guest-kernel}
-cache=$root/$key
-if [ ! -s "$cache/vmlinux" ]; then
-  mkdir -p "$root"
-  work=$(mktemp -d "$root/build-XXXXXX")
-  trap 'rm -rf "$work"' EXIT
+build() {
+  local work=$1 keep=$2 line opt missing=0
   echo "guest kernel: building $pkg $ver (key $key) in $work"
   tar -xf "$tarball" -C "$work" --strip-components=1
   make -C "$work" -s tinyconfig
@@ -32,7 +28,6 @@ if [ ! -s "$cache/vmlinux" ]; then
   make -C "$work" -s olddefconfig
   # Every option the fragment sets must have survived the dependency
   # resolution: a silently dropped one is a guest that cannot boot.
-  missing=0
   while IFS= read -r line; do
     case $line in
       CONFIG_*=n) opt=${line%=n}; grep -q "^$opt=" "$work/.config" && { echo "guest kernel: $opt is set, the fragment wants it off" >&2; missing=1; } ;;
@@ -41,10 +36,10 @@ if [ ! -s "$cache/vmlinux" ]; then
   done < "$frag"
   [ "$missing" = 0 ] || exit 1
   make -C "$work" -s -j"$(nproc)" vmlinux
-  mkdir -p "$cache.tmp"
-  cp "$work/vmlinux" "$work/.config" "$cache.tmp/"
-  rm -rf "$cache" && mv "$cache.tmp" "$cache"
-fi
+  cp "$work/vmlinux" "$work/.config" "$keep/"
+}
+. "$here/../buildcache.sh"
+cached "${CUBICLE_KERNEL_CACHE:-/var/cache/cubicle/guest-kernel}" "$key" vmlinux build
 mkdir -p "$(dirname "$out")"
 cp "$cache/vmlinux" "$out.tmp" && mv "$out.tmp" "$out"
 echo "guest kernel: $out ($pkg $ver, key $key)"

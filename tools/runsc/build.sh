@@ -18,13 +18,10 @@ here=$(cd "$(dirname "$0")" && pwd)
 go=${GO:-go}
 export CGO_ENABLED=0 # the cgo build fails at run time (runsc re-executes itself in a chroot)
 key=$( { cat "$here/go.mod" "$here/go.sum" "$here/precompile/main.go" "$0"; "$go" version; } | sha256sum | cut -c1-16)
-root=${CUBICLE_RUNSC_CACHE:-/var/cache/cubicle/runsc}
-cache=$root/$key
-if [ ! -x "$cache/runsc" ]; then
-  mkdir -p "$root"
-  work=$(mktemp -d "$root/build-XXXXXX")
-  trap 'rm -rf "$work"' EXIT
+build() {
+  local work=$1 keep=$2
   cd "$here"
+  local mod path version dir
   mod=$("$go" list -m -f '{{.Path}} {{.Version}} {{.Dir}}' gvisor.dev/gvisor)
   read -r path version dir <<<"$mod"
   echo "runsc: precompiling seccomp filters for $path $version (key $key)"
@@ -34,11 +31,10 @@ if [ ! -x "$cache/runsc" ]; then
   cp "$work/gen/fsgofer.go" "$work/gvisor/runsc/fsgofer/filter/filter_precompiled.go"
   cp go.mod go.sum "$work/"
   printf '\nreplace %s => %s\n' "$path" "$work/gvisor" >>"$work/go.mod"
-  "$go" build -modfile "$work/go.mod" -trimpath -o "$work/runsc" "$path/runsc"
-  mkdir -p "$cache.tmp"
-  mv "$work/runsc" "$cache.tmp/runsc"
-  rm -rf "$cache" && mv "$cache.tmp" "$cache"
-fi
+  "$go" build -modfile "$work/go.mod" -trimpath -o "$keep/runsc" "$path/runsc"
+}
+. "$here/../buildcache.sh"
+cached "${CUBICLE_RUNSC_CACHE:-/var/cache/cubicle/runsc}" "$key" runsc build
 mkdir -p "$(dirname "$out")"
 cp "$cache/runsc" "$out.tmp" && mv "$out.tmp" "$out"
 echo "runsc: $out (precompiled seccomp filters, key $key)"
