@@ -22,6 +22,9 @@ build() {
   local work=$1 keep=$2
   cd "$here"
   local mod path version dir
+  # go list -m names no Dir for a module not yet in the module cache (a
+  # fresh machine): download it first.
+  "$go" mod download gvisor.dev/gvisor
   mod=$("$go" list -m -f '{{.Path}} {{.Version}} {{.Dir}}' gvisor.dev/gvisor)
   read -r path version dir <<<"$mod"
   echo "runsc: precompiling seccomp filters for $path $version (key $key)"
