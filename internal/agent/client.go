@@ -136,10 +136,18 @@ func dialAgent(ctx context.Context, network, addr string) (net.Conn, error) {
 
 // NewClient returns a client for the agent listening on addr ("ip:port")
 // that authenticates with token.
-func NewClient(addr, token string) *Client {
+func NewClient(addr, token string) *Client { return newClient(addr, dialAgent, token) }
+
+// NewClientVia returns a client that reaches the agent through dial (a
+// driver's own transport, runtime.AgentDialer) rather than TCP.
+func NewClientVia(dial func(context.Context) (net.Conn, error), token string) *Client {
+	return newClient("agent", func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) }, token)
+}
+
+func newClient(addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error), token string) *Client {
 	tr := &http.Transport{
 		Proxy:               nil, // never route sandbox traffic through a host proxy
-		DialContext:         dialAgent,
+		DialContext:         dial,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,

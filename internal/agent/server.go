@@ -12,11 +12,13 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/agent/vport"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -147,14 +149,14 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 	if err := keepOwnCaps(os.Getenv(OwnCapsEnv)); err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen(addr, log)
 	if err != nil {
-		return fmt.Errorf("agent: listen %s: %w", addr, err)
+		return err
 	}
 	threads := make(chan struct{})
 	go func() { reserveThreads(reservedThreads); close(threads) }()
 	pid1 := os.Getpid() == 1
-	env := withoutVar(withoutVar(os.Environ(), MemLimitEnv), OwnCapsEnv)
+	env := withoutVar(withoutVar(withoutVar(os.Environ(), MemLimitEnv), OwnCapsEnv), vport.FDEnv)
 	opts := []Option{WithLogger(log), WithBaseEnv(env), WithMemLimit(parseMemLimit(os.Getenv(MemLimitEnv)))}
 	if pid1 {
 		opts = append(opts, WithReapAll())
@@ -199,6 +201,26 @@ func Run(ctx context.Context, addr, token string, log *slog.Logger) error {
 	defer cancel()
 	hs.Shutdown(sctx)
 	return nil
+}
+
+// listen returns the agent's listener: the virtio-serial port named by
+// vport.FDEnv (a microVM's), else a TCP listener on addr.
+func listen(addr string, log *slog.Logger) (net.Listener, error) {
+	v := os.Getenv(vport.FDEnv)
+	if v == "" {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("agent: listen %s: %w", addr, err)
+		}
+		return ln, nil
+	}
+	fd, err := strconv.Atoi(v)
+	if err != nil || fd < 3 {
+		return nil, fmt.Errorf("agent: %s=%q is no inherited file descriptor", vport.FDEnv, v)
+	}
+	// No command may inherit the port.
+	syscall.CloseOnExec(fd)
+	return vport.Listen(os.NewFile(uintptr(fd), "agent-port"), log), nil
 }
 
 // ensureTmp creates a world-writable sticky /tmp if the image lacks one.

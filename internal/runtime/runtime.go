@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -292,6 +293,16 @@ type Checkpointer interface {
 	// and spec.Token are ignored (the agent holds the source's token until
 	// the caller replaces it); the UTS hostname is the source's too.
 	Restore(ctx context.Context, spec Spec, dir string) error
+}
+
+// AgentDialer is a Driver that carries the agent's API over its own
+// transport (the microVM's virtio-serial port) instead of TCP to the
+// sandbox's address. The daemon's agent client dials through it; the
+// agent then listens on no network address at all.
+type AgentDialer interface {
+	// DialAgent opens a connection to the agent of sandbox id, which
+	// may still be booting (the dial then waits within ctx).
+	DialAgent(ctx context.Context, id string) (net.Conn, error)
 }
 
 // TokenPipe returns the read end of a pipe holding token and nothing more

@@ -236,7 +236,7 @@ func (m *Manager) prepare(ctx context.Context, undo *cleanup.Stack, sn *store.Sn
 	}
 	undo.Push(func(ctx context.Context) error { return d.Stop(ctx, rid) })
 	tDriver := time.Now()
-	client, err := m.waitAgent(ctx, m.agentAddr(ep.SandboxIP), id.token, mem)
+	client, err := m.waitAgent(ctx, d, rid, ep.SandboxIP, id.token, mem)
 	if err != nil {
 		return nil, &BootError{Err: err}
 	}

@@ -270,8 +270,14 @@ func (m *Manager) closing() bool { return m.life.Err() != nil }
 // runtimeID is the fixed-length (32 hex) id drivers use for a sandbox.
 func runtimeID(id string) string { return strings.ReplaceAll(id, "-", "") }
 
-func (m *Manager) agentAddr(ip netip.Addr) string {
-	return net.JoinHostPort(ip.String(), strconv.Itoa(m.cfg.AgentPort))
+// agentClient returns a client for the agent of sandbox rid on driver d,
+// holding token: through the driver's own transport where it has one
+// (runtime.AgentDialer), else TCP to the agent port on ip.
+func (m *Manager) agentClient(d runtime.Driver, rid string, ip netip.Addr, token string) *agent.Client {
+	if ad, ok := d.(runtime.AgentDialer); ok {
+		return agent.NewClientVia(func(ctx context.Context) (net.Conn, error) { return ad.DialAgent(ctx, rid) }, token)
+	}
+	return agent.NewClient(net.JoinHostPort(ip.String(), strconv.Itoa(m.cfg.AgentPort)), token)
 }
 
 func randomHex(n int) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,7 +98,7 @@ func (m *Manager) memoryImage(d runtime.Driver, sn *store.Snapshot) (string, boo
 // in mem's tokenFile (its source's at the capture, or its own at a
 // memory-preserving stop): it is replaced by token before the sandbox is
 // handed out, so each instance answers to its own token only.
-func (m *Manager) waitAgent(ctx context.Context, addr, token, mem string) (*agent.Client, error) {
+func (m *Manager) waitAgent(ctx context.Context, d runtime.Driver, rid string, ip netip.Addr, token, mem string) (*agent.Client, error) {
 	boot := token
 	if mem != "" {
 		b, err := os.ReadFile(filepath.Join(mem, tokenFile))
@@ -106,7 +107,7 @@ func (m *Manager) waitAgent(ctx context.Context, addr, token, mem string) (*agen
 		}
 		boot = strings.TrimSpace(string(b))
 	}
-	client := agent.NewClient(addr, boot)
+	client := m.agentClient(d, rid, ip, boot)
 	if err := client.WaitReady(ctx, 2*time.Millisecond); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("wait for agent: %w", err)

@@ -53,7 +53,7 @@ func (e *env) checkClaimed(t *testing.T, sb *store.Sandbox, machineIDs map[strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := agent.NewClient(e.m.agentAddr(ep.SandboxIP), spec.Token)
+	old := e.m.agentClient(e.driver, rid, ep.SandboxIP, spec.Token)
 	defer old.Close()
 	var he *agent.HTTPError
 	if err := old.Health(context.Background()); !errors.As(err, &he) || he.Status != http.StatusUnauthorized {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/store"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
@@ -185,7 +184,7 @@ func (m *Manager) readopt(ctx context.Context, sb *store.Sandbox) error {
 	if err != nil {
 		return err
 	}
-	c := agent.NewClient(m.agentAddr(ep.SandboxIP), sb.Token)
+	c := m.agentClient(d, rid, ep.SandboxIP, sb.Token)
 	hctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = c.Health(hctx)
 	cancel()

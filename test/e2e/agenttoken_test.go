@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,6 +64,21 @@ func wantAgentAuth(t testing.TB, addr, token string, accepted bool, what string)
 		t.Fatalf("%s: refused: %v", what, err)
 	case !accepted && !(errors.As(err, &he) && he.Status == http.StatusUnauthorized):
 		t.Fatalf("%s: %v, want 401", what, err)
+	}
+}
+
+// wantNoAgentOnNetwork checks that nothing answers at addr, a microVM's
+// agent address on the sandbox's network: its agent serves the daemon
+// over the VM's virtio-serial port only.
+func wantNoAgentOnNetwork(t testing.TB, addr string) {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err == nil {
+		c.Close()
+		t.Fatalf("something listens at the microVM's agent address %s", addr)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("dial the microVM's agent address %s: %v, want it refused", addr, err)
 	}
 }
 

@@ -298,11 +298,21 @@ func (s *Sandbox) Launch(tb testing.TB, d runtime.Driver) {
 			tb.Errorf("Stop: %v", err)
 		}
 	})
-	s.Client = agent.NewClient(fmt.Sprintf("%s:%d", s.Net.SandboxIP, agent.Port), s.token)
+	s.Client = s.AgentClient(d, s.token)
 	tb.Cleanup(s.Client.Close)
 	if err := s.Client.WaitReady(ctx, 2*time.Millisecond); err != nil {
 		tb.Fatalf("agent not ready: %v", err)
 	}
+}
+
+// AgentClient returns a client for the sandbox's agent on d holding
+// token, through d's own transport where it has one (as the manager
+// dials it).
+func (s *Sandbox) AgentClient(d runtime.Driver, token string) *agent.Client {
+	if ad, ok := d.(runtime.AgentDialer); ok {
+		return agent.NewClientVia(func(ctx context.Context) (net.Conn, error) { return ad.DialAgent(ctx, s.Spec.ID) }, token)
+	}
+	return agent.NewClient(fmt.Sprintf("%s:%d", s.Net.SandboxIP, agent.Port), token)
 }
 
 // Exec runs command with /bin/sh in the sandbox and returns its output and

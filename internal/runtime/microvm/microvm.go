@@ -28,17 +28,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/cavaliergopher/cpio"
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/agent/vport"
 	"github.com/cubicle-dev/cubicle/internal/atomicfile"
 	"github.com/cubicle-dev/cubicle/internal/cleanup"
 	"github.com/cubicle-dev/cubicle/internal/errdefs"
@@ -68,8 +71,8 @@ const defaultGuestBytes = 2 << 30
 
 // maxMounts is how many bind mounts a VM takes: without ACPI, QEMU's
 // microvm machine has 8 virtio-mmio transports, and the entropy device,
-// the NIC and the root share take three.
-const maxMounts = 5
+// the NIC, the agent's serial port and the root share take four.
+const maxMounts = 4
 
 // Files in a sandbox's state dir.
 const (
@@ -79,6 +82,7 @@ const (
 	initrdFile  = "initrd.cpio"
 	qemuLog     = "console/qemu.log" // QEMU's own messages, on the console's tmpfs
 	qmpSocket   = "qmp.sock"
+	agentSocket = "agent.sock" // the agent port's chardev: see DialAgent
 )
 
 // consoleBytes bounds the guest's serial console log. Root inside can
@@ -117,13 +121,17 @@ const KVMProbeTimeout = 5 * time.Second
 type Driver struct {
 	cfg   Config
 	accel string
+
+	mu    sync.Mutex
+	ports map[string]*vport.Dialer // by sandbox id, from the first DialAgent until Stop
 }
 
 var (
-	_ runtime.Driver    = (*Driver)(nil)
-	_ runtime.Lister    = (*Driver)(nil)
-	_ runtime.Prober    = (*Driver)(nil)
-	_ runtime.Explainer = (*Driver)(nil)
+	_ runtime.Driver      = (*Driver)(nil)
+	_ runtime.Lister      = (*Driver)(nil)
+	_ runtime.Prober      = (*Driver)(nil)
+	_ runtime.Explainer   = (*Driver)(nil)
+	_ runtime.AgentDialer = (*Driver)(nil)
 )
 
 // New checks cfg and decides the accelerator.
@@ -138,7 +146,7 @@ func New(ctx context.Context, cfg Config) (*Driver, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("microvm: state dir: %w", err)
 	}
-	d := &Driver{cfg: cfg, accel: cfg.Accel}
+	d := &Driver{cfg: cfg, accel: cfg.Accel, ports: map[string]*vport.Dialer{}}
 	switch cfg.Accel {
 	case AccelKVM, AccelTCG:
 	case "":
@@ -500,11 +508,16 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir 
 		return runtime.Process{}, fmt.Errorf("console log: %w", err)
 	}
 	consoleFD := j.add(console)
-	qmp, err := listenQMP(dir)
+	qmp, err := listenUnix(dir, qmpSocket)
 	if err != nil {
 		return runtime.Process{}, err
 	}
 	qmpFD := j.add(qmp)
+	port, err := listenUnix(dir, agentSocket)
+	if err != nil {
+		return runtime.Process{}, err
+	}
+	portFD := j.add(port)
 	var tap *os.File
 	if err := inNetNS(spec.NetNS, func() (err error) { tap, err = openTap(); return err }); err != nil {
 		return runtime.Process{}, err
@@ -533,6 +546,11 @@ func (d *Driver) launch(ctx context.Context, spec runtime.Spec, n guestNet, dir 
 		args = append(args, "-fsdev", fs, "-device", "virtio-9p-device,fsdev="+id+",mount_tag="+id)
 	}
 	args = append(args,
+		// The agent's API: a virtio-serial port whose host end is
+		// agentSocket (guest.AgentPortName inside).
+		"-device", "virtio-serial-device",
+		"-chardev", "socket,id=agent,server=on,wait=off,fd="+strconv.Itoa(portFD),
+		"-device", "virtserialport,chardev=agent,name="+guest.AgentPortName,
 		"-chardev", "socket,id=qmp,server=on,wait=off,fd="+strconv.Itoa(qmpFD),
 		"-mon", "chardev=qmp,mode=control",
 		"-sandbox", qemuSandbox,
@@ -636,31 +654,71 @@ func jailAttr(hostID int, kvm bool) *syscall.SysProcAttr {
 	}
 }
 
-// listenQMP binds and listens on the QMP socket in dir, for QEMU to
+// listenUnix binds and listens on the socket name in dir, for QEMU to
 // accept on: QEMU never names a path of the host. The address is reached
 // through /proc/self/fd of dir, as its full path may not fit a unix
 // socket address.
-func listenQMP(dir string) (*os.File, error) {
+func listenUnix(dir, name string) (*os.File, error) {
 	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("qmp socket: %w", err)
+		return nil, fmt.Errorf("socket %s: %w", name, err)
 	}
 	defer unix.Close(dfd)
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("qmp socket: %w", err)
+		return nil, fmt.Errorf("socket %s: %w", name, err)
 	}
-	f := os.NewFile(uintptr(fd), qmpSocket)
-	addr := &unix.SockaddrUnix{Name: filepath.Join("/proc/self/fd", strconv.Itoa(dfd), qmpSocket)}
+	f := os.NewFile(uintptr(fd), name)
+	addr := &unix.SockaddrUnix{Name: filepath.Join("/proc/self/fd", strconv.Itoa(dfd), name)}
 	if err := unix.Bind(fd, addr); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("bind qmp socket: %w", err)
+		return nil, fmt.Errorf("bind socket %s: %w", name, err)
 	}
 	if err := unix.Listen(fd, 4); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("listen on qmp socket: %w", err)
+		return nil, fmt.Errorf("listen on socket %s: %w", name, err)
 	}
 	return f, nil
+}
+
+// dialUnix connects to the socket name in id's state dir.
+func (d *Driver) dialUnix(ctx context.Context, id, name string) (net.Conn, error) {
+	dfd, err := unix.Open(d.dir(id), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socket %s: %w", name, err)
+	}
+	defer unix.Close(dfd)
+	var nd net.Dialer
+	return nd.DialContext(ctx, "unix", filepath.Join("/proc/self/fd", strconv.Itoa(dfd), name))
+}
+
+// DialAgent implements runtime.AgentDialer: a stream of the session over
+// the VM's agent port, which each sandbox keeps until Stop. The agent
+// listens on no network address, so nothing of the sandbox's network (its
+// own processes included) can reach its API.
+func (d *Driver) DialAgent(ctx context.Context, id string) (net.Conn, error) {
+	if err := validID(id); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	p := d.ports[id]
+	if p == nil {
+		p = vport.NewDialer(func(ctx context.Context) (net.Conn, error) { return d.dialUnix(ctx, id, agentSocket) })
+		d.ports[id] = p
+	}
+	d.mu.Unlock()
+	return p.Dial(ctx)
+}
+
+// closePort ends id's agent session, if it has one.
+func (d *Driver) closePort(id string) {
+	d.mu.Lock()
+	p := d.ports[id]
+	delete(d.ports, id)
+	d.mu.Unlock()
+	if p != nil {
+		p.Close()
+	}
 }
 
 // mountConsole mounts the console log's tmpfs in dir and creates the log.
@@ -783,6 +841,7 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 	if err := validID(id); err != nil {
 		return err
 	}
+	d.closePort(id)
 	if _, err := os.Stat(d.dir(id)); errors.Is(err, os.ErrNotExist) {
 		// Never launched here (every Start clears first), or stopped
 		// after its slot was taken.

@@ -2,6 +2,7 @@ package microvm
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cubicle-dev/cubicle/internal/agent"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/internal/runtime/drivertest"
+	"github.com/cubicle-dev/cubicle/internal/runtime/microvm/guest"
 	"github.com/cubicle-dev/cubicle/internal/runtime/userns"
 	"github.com/cubicle-dev/cubicle/internal/testenv"
 )
@@ -378,5 +381,42 @@ func TestProbeIsJailed(t *testing.T) {
 	}
 	if ents, err := os.ReadDir(filepath.Join(cfg.StateDir, slotsDir)); err != nil || len(ents) != 0 {
 		t.Fatalf("slots after the probe: %v, %v: want it freed", ents, err)
+	}
+}
+
+// TestAgentOnSerialPort: the agent's API is reached over the VM's
+// virtio-serial port alone. No socket listens on the agent port inside,
+// root inside cannot open the port (the agent holds it, and a port takes
+// one opener), and a restarted driver (a restarted daemon) reaches the
+// running VM's agent through the same port.
+func TestAgentOnSerialPort(t *testing.T) {
+	env := drivertest.NewEnv(t)
+	d := newTestDriver(t, env.Agent)
+	s := env.Start(t, d, runtime.Limits{MemBytes: 256 << 20}, nil)
+	tcp := s.MustExec(t, "cat /proc/net/tcp") // the guest kernel has no IPv6
+	port := fmt.Sprintf(":%04X ", agent.Port)
+	for _, line := range strings.Split(tcp, "\n") {
+		if f := strings.Fields(line); len(f) > 3 && strings.HasSuffix(f[1], port[:len(port)-1]) && f[3] == "0A" {
+			t.Errorf("a socket listens on the agent port inside: %s", line)
+		}
+	}
+	out, _, code := s.Exec(t, `set -e; for p in /sys/class/virtio-ports/*; do n=$(cat $p/dev); mknod /dev/p c ${n%:*} ${n#*:}; echo $(cat $p/name); echo x > /dev/p && echo OPENED; done`)
+	if !strings.Contains(out, guest.AgentPortName) || strings.Contains(out, "OPENED") || code == 0 {
+		t.Errorf("root inside opening the agent port: %q (exit %d), want it busy", out, code)
+	}
+
+	d.closePort(s.Spec.ID) // the old daemon is gone
+	restarted := newTestDriver(t, env.Agent)
+	c := s.AgentClient(restarted, s.Spec.Token)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Health(ctx); err != nil {
+		b, _ := os.ReadFile(filepath.Join(d.dir(s.Spec.ID), consoleFile))
+		t.Fatalf("the restarted driver's agent client: %v\n%s", err, b)
+	}
+	s.Client = c
+	if got := strings.TrimSpace(s.MustExec(t, "echo again")); got != "again" {
+		t.Fatalf("exec after a restart: %q", got)
 	}
 }

@@ -14,12 +14,15 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	goruntime "runtime"
 	"strconv"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/cubicle-dev/cubicle/internal/agent/vport"
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
 
@@ -31,6 +34,15 @@ const ConfigPath = "/cubicle.json"
 // RootTag is the 9p mount tag of the sandbox's root filesystem; bind mounts
 // are MountTag(i).
 const RootTag = "root"
+
+// AgentPortName is the name of the virtio-serial port the agent serves its
+// API on (see vport); it is the VM's only such port.
+const AgentPortName = "cubicle.agent"
+
+// portWait bounds how long init waits for the agent's port to appear: the
+// guest kernel adds it once the host's virtio-serial device has announced
+// it, which under TCG can trail init's start.
+const portWait = 20 * time.Second
 
 // MountTag is the 9p tag of the i-th entry of Config.Mounts.
 func MountTag(i int) string { return "m" + strconv.Itoa(i) }
@@ -116,13 +128,20 @@ func Main() error {
 			return fmt.Errorf("sethostname: %w", err)
 		}
 	}
+	// The port is opened while the initramfs's /dev shows it; the agent
+	// inherits it, and as a port takes one opener at a time, nothing of
+	// the sandbox can open it after.
+	port, err := openPort()
+	if err != nil {
+		return err
+	}
 	if err := setupRoot(cfg); err != nil {
 		return err
 	}
 	if err := dropCaps(); err != nil {
 		return err
 	}
-	return runAgent(cfg.Token, runtime.DefaultEnv(cfg.Env))
+	return runAgent(cfg.Token, runtime.DefaultEnv(cfg.Env), port)
 }
 
 // agentArg makes the binary the agent's starter: PID 1 of the sandbox's
@@ -133,14 +152,15 @@ const agentArg = "vm-agent"
 // standard input, and waits for it: the sandbox sees its own processes
 // only, not the guest kernel's threads or this init. When the agent ends,
 // so does the guest.
-func runAgent(token string, env []string) error {
+func runAgent(token string, env []string, port *os.File) error {
 	r, err := runtime.TokenPipe(token)
 	if err != nil {
 		return err
 	}
 	cmd := exec.Command(runtime.AgentMountPath, agentArg)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = r, os.Stdout, os.Stderr
-	cmd.Env = env
+	cmd.ExtraFiles = []*os.File{port} // fd 3
+	cmd.Env = append(env, vport.FDEnv+"=3")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
 	err = cmd.Start()
 	r.Close()
@@ -148,6 +168,28 @@ func runAgent(token string, env []string) error {
 		return fmt.Errorf("start agent: %w", err)
 	}
 	return fmt.Errorf("agent exited: %w", cmd.Wait())
+}
+
+// openPort opens the agent's virtio-serial port (the guest's only one,
+// /dev/vport<device>p<n>) once the kernel has added it.
+func openPort() (*os.File, error) {
+	deadline := time.Now().Add(portWait)
+	for {
+		ports, _ := filepath.Glob("/dev/vport*p*")
+		switch {
+		case len(ports) == 1:
+			f, err := os.OpenFile(ports[0], os.O_RDWR, 0)
+			if err != nil {
+				return nil, fmt.Errorf("open agent port: %w", err)
+			}
+			return f, nil
+		case len(ports) > 1:
+			return nil, fmt.Errorf("agent port: %d virtio-serial ports, want %s alone", len(ports), AgentPortName)
+		case time.Now().After(deadline):
+			return nil, fmt.Errorf("agent port: none appeared within %v", portWait)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // startAgent is PID 1 of the sandbox's pid namespace: a /proc of that
