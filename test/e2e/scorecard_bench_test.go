@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -150,7 +151,8 @@ func BenchmarkScorecard(b *testing.B) {
 		table.WriteString("\n")
 	}
 	b.ReportMetric(0, "ns/op")
-	b.Log(table.String())
+	// Printed, not logged: a benchmark's log is cut to its first lines.
+	fmt.Print(table.String())
 }
 
 // metricName turns a scorecard row's label into a benchmark metric unit
@@ -226,7 +228,17 @@ func startBareIdle(tb testing.TB, layer string) *bareIdle {
 		exec.Command(runsc, "--root", root, "delete", "--force", c.id).Run()
 		unmountUnder(filepath.Dir(root))
 	})
-	if out, err := exec.Command(runsc, "--root", root, "--platform=systrap", "--network=sandbox", "run", "--detach", "--bundle", bundle, c.id).CombinedOutput(); err != nil {
+	// Its output goes to a file: the detached sandbox inherits it, and a
+	// pipe (CombinedOutput) would wait for the sandbox to end.
+	logf, err := os.Create(filepath.Join(tb.TempDir(), "runsc-run.log"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(runsc, "--root", root, "--platform=systrap", "--network=sandbox", "run", "--detach", "--bundle", bundle, c.id)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		out, _ := os.ReadFile(logf.Name())
 		tb.Fatalf("runsc run --detach: %v: %s", err, out)
 	}
 	c.exec(tb) // the first exec is not a round trip's
