@@ -17,6 +17,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/cubicle-dev/cubicle/internal/runtime"
 	"github.com/cubicle-dev/cubicle/sdk/go/protocol"
 )
 
@@ -138,10 +139,15 @@ func dialAgent(ctx context.Context, network, addr string) (net.Conn, error) {
 // that authenticates with token.
 func NewClient(addr, token string) *Client { return newClient(addr, dialAgent, token) }
 
-// NewClientVia returns a client that reaches the agent through dial (a
-// driver's own transport, runtime.AgentDialer) rather than TCP.
-func NewClientVia(dial func(context.Context) (net.Conn, error), token string) *Client {
-	return newClient("agent", func(ctx context.Context, _, _ string) (net.Conn, error) { return dial(ctx) }, token)
+// ClientFor returns a client for the agent of sandbox id on driver d that
+// authenticates with token: through d's own transport where it has one
+// (runtime.AgentDialer), else TCP to addr ("ip:port").
+func ClientFor(d runtime.Driver, id, addr, token string) *Client {
+	ad, ok := d.(runtime.AgentDialer)
+	if !ok {
+		return NewClient(addr, token)
+	}
+	return newClient("agent", func(ctx context.Context, _, _ string) (net.Conn, error) { return ad.DialAgent(ctx, id) }, token)
 }
 
 func newClient(addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error), token string) *Client {

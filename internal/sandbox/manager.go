@@ -274,10 +274,7 @@ func runtimeID(id string) string { return strings.ReplaceAll(id, "-", "") }
 // holding token: through the driver's own transport where it has one
 // (runtime.AgentDialer), else TCP to the agent port on ip.
 func (m *Manager) agentClient(d runtime.Driver, rid string, ip netip.Addr, token string) *agent.Client {
-	if ad, ok := d.(runtime.AgentDialer); ok {
-		return agent.NewClientVia(func(ctx context.Context) (net.Conn, error) { return ad.DialAgent(ctx, rid) }, token)
-	}
-	return agent.NewClient(net.JoinHostPort(ip.String(), strconv.Itoa(m.cfg.AgentPort)), token)
+	return agent.ClientFor(d, rid, net.JoinHostPort(ip.String(), strconv.Itoa(m.cfg.AgentPort)), token)
 }
 
 func randomHex(n int) string {

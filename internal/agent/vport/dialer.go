@@ -42,10 +42,10 @@ type Dialer struct {
 	closed  bool
 }
 
-// attempt is one handshake; done is closed once sess or err is set.
+// attempt is one handshake; done is closed once it ended, err set if it
+// failed (a success is the Dialer's sess).
 type attempt struct {
 	done chan struct{}
-	sess *yamux.Session
 	err  error
 }
 
@@ -115,8 +115,7 @@ func (d *Dialer) handshake(a *attempt) {
 		sess.Close()
 		sess, err = nil, ErrClosed
 	}
-	d.sess = sess
-	a.sess, a.err = sess, err
+	d.sess, a.err = sess, err
 	d.mu.Unlock()
 	close(a.done)
 }

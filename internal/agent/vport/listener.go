@@ -78,10 +78,11 @@ func (addr) Network() string { return "vport" }
 func (addr) String() string  { return "virtio-serial" }
 
 func (l *Listener) read() {
+	b := make([]byte, 64<<10)
 	for {
-		b := make([]byte, 64<<10)
 		n, err := l.port.Read(b)
-		c := chunk{data: b[:n]}
+		// The consumer keeps a chunk past the next read: it gets a copy.
+		c := chunk{data: append([]byte(nil), b[:n]...)}
 		switch {
 		case n > 0:
 		case err == nil || errors.Is(err, io.EOF):

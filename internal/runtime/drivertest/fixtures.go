@@ -309,10 +309,7 @@ func (s *Sandbox) Launch(tb testing.TB, d runtime.Driver) {
 // token, through d's own transport where it has one (as the manager
 // dials it).
 func (s *Sandbox) AgentClient(d runtime.Driver, token string) *agent.Client {
-	if ad, ok := d.(runtime.AgentDialer); ok {
-		return agent.NewClientVia(func(ctx context.Context) (net.Conn, error) { return ad.DialAgent(ctx, s.Spec.ID) }, token)
-	}
-	return agent.NewClient(fmt.Sprintf("%s:%d", s.Net.SandboxIP, agent.Port), token)
+	return agent.ClientFor(d, s.Spec.ID, fmt.Sprintf("%s:%d", s.Net.SandboxIP, agent.Port), token)
 }
 
 // Exec runs command with /bin/sh in the sandbox and returns its output and

@@ -654,42 +654,52 @@ func jailAttr(hostID int, kvm bool) *syscall.SysProcAttr {
 	}
 }
 
-// listenUnix binds and listens on the socket name in dir, for QEMU to
-// accept on: QEMU never names a path of the host. The address is reached
-// through /proc/self/fd of dir, as its full path may not fit a unix
-// socket address.
-func listenUnix(dir, name string) (*os.File, error) {
+// atSocket calls fn with an address of the unix socket name in dir
+// that fits a socket address: dir's full path may not (108 bytes), so the
+// address goes through /proc/self/fd of dir, open while fn runs.
+func atSocket(dir, name string, fn func(addr string) error) error {
 	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("socket %s: %w", name, err)
+		return fmt.Errorf("socket %s: %w", name, err)
 	}
 	defer unix.Close(dfd)
+	return fn(filepath.Join("/proc/self/fd", strconv.Itoa(dfd), name))
+}
+
+// listenUnix binds and listens on the socket name in dir, for QEMU to
+// accept on: QEMU never names a path of the host.
+func listenUnix(dir, name string) (*os.File, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("socket %s: %w", name, err)
 	}
 	f := os.NewFile(uintptr(fd), name)
-	addr := &unix.SockaddrUnix{Name: filepath.Join("/proc/self/fd", strconv.Itoa(dfd), name)}
-	if err := unix.Bind(fd, addr); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("bind socket %s: %w", name, err)
+	err = atSocket(dir, name, func(addr string) error {
+		if err := unix.Bind(fd, &unix.SockaddrUnix{Name: addr}); err != nil {
+			return fmt.Errorf("bind socket %s: %w", name, err)
+		}
+		return nil
+	})
+	if err == nil {
+		if err = unix.Listen(fd, 4); err != nil {
+			err = fmt.Errorf("listen on socket %s: %w", name, err)
+		}
 	}
-	if err := unix.Listen(fd, 4); err != nil {
+	if err != nil {
 		f.Close()
-		return nil, fmt.Errorf("listen on socket %s: %w", name, err)
+		return nil, err
 	}
 	return f, nil
 }
 
 // dialUnix connects to the socket name in id's state dir.
-func (d *Driver) dialUnix(ctx context.Context, id, name string) (net.Conn, error) {
-	dfd, err := unix.Open(d.dir(id), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, fmt.Errorf("socket %s: %w", name, err)
-	}
-	defer unix.Close(dfd)
-	var nd net.Dialer
-	return nd.DialContext(ctx, "unix", filepath.Join("/proc/self/fd", strconv.Itoa(dfd), name))
+func (d *Driver) dialUnix(ctx context.Context, id, name string) (c net.Conn, err error) {
+	err = atSocket(d.dir(id), name, func(addr string) (err error) {
+		var nd net.Dialer
+		c, err = nd.DialContext(ctx, "unix", addr)
+		return err
+	})
+	return c, err
 }
 
 // DialAgent implements runtime.AgentDialer: a stream of the session over

@@ -394,9 +394,9 @@ func TestAgentOnSerialPort(t *testing.T) {
 	d := newTestDriver(t, env.Agent)
 	s := env.Start(t, d, runtime.Limits{MemBytes: 256 << 20}, nil)
 	tcp := s.MustExec(t, "cat /proc/net/tcp") // the guest kernel has no IPv6
-	port := fmt.Sprintf(":%04X ", agent.Port)
+	port := fmt.Sprintf(":%04X", agent.Port)
 	for _, line := range strings.Split(tcp, "\n") {
-		if f := strings.Fields(line); len(f) > 3 && strings.HasSuffix(f[1], port[:len(port)-1]) && f[3] == "0A" {
+		if f := strings.Fields(line); len(f) > 3 && strings.HasSuffix(f[1], port) && f[3] == "0A" {
 			t.Errorf("a socket listens on the agent port inside: %s", line)
 		}
 	}

@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/digitalocean/go-qemu/qmp"
-	"golang.org/x/sys/unix"
 
 	"github.com/cubicle-dev/cubicle/internal/runtime"
 )
@@ -21,19 +19,16 @@ var _ runtime.Pauser = (*Driver)(nil)
 const qmpTimeout = 10 * time.Second
 
 // qmpRun runs one QMP command on sandbox id's QEMU and returns its
-// "return" value. The socket is reached through /proc/self/fd of the
-// state dir: its full path can exceed a unix socket address's 108 bytes.
+// "return" value.
 func (d *Driver) qmpRun(ctx context.Context, id, command string, args any) (json.RawMessage, error) {
-	dir, err := unix.Open(d.dir(id), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	var mon *qmp.SocketMonitor
+	err := atSocket(d.dir(id), qmpSocket, func(addr string) (err error) {
+		if mon, err = qmp.NewSocketMonitor("unix", addr, qmpTimeout); err != nil {
+			return err
+		}
+		return mon.Connect()
+	})
 	if err != nil {
-		return nil, fmt.Errorf("qmp %s: %w", command, err)
-	}
-	defer unix.Close(dir)
-	mon, err := qmp.NewSocketMonitor("unix", filepath.Join("/proc/self/fd", strconv.Itoa(dir), qmpSocket), qmpTimeout)
-	if err != nil {
-		return nil, fmt.Errorf("qmp %s: %w", command, err)
-	}
-	if err := mon.Connect(); err != nil {
 		return nil, fmt.Errorf("qmp %s: %w", command, err)
 	}
 	defer mon.Disconnect()
